@@ -1,0 +1,223 @@
+//! Configuration: flags, then environment (`GATEWAY_*`), then a TOML file, then defaults, merged
+//! into one validated [`Config`]. Leaf module: imports nothing of the crate.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Every key a TOML config file may hold (`deploy/gateway.example.toml` documents each one).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub name: Option<String>,
+    pub listen: Option<SocketAddr>,
+    pub cluster_listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub public_url: Option<String>,
+    pub join: Option<String>,
+    pub standby: Option<bool>,
+    pub cluster_secret_file: Option<PathBuf>,
+    pub device_secret_file: Option<PathBuf>,
+    pub lease_ms: Option<u64>,
+    pub sweep_ms: Option<u64>,
+    pub election_timeout_ms: Option<u64>,
+    pub heartbeat_ms: Option<u64>,
+    pub max_voters: Option<usize>,
+    pub snapshot_logs: Option<u64>,
+    pub propose_timeout_ms: Option<u64>,
+}
+
+/// Timing knobs of the cluster core; reported by `status --json` under `config`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timing {
+    /// How long a node's lease lasts after a renewal; nodes renew every `lease_ms / 3`.
+    pub lease_ms: u64,
+    /// How often the leader sweeps lapsed leases.
+    pub sweep_ms: u64,
+    /// Minimum election timeout; the maximum is twice this.
+    pub election_timeout_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Voters in the cluster (odd, 1..=7); later members join as learners.
+    pub max_voters: usize,
+    /// Build a snapshot (and purge the log) after this many entries.
+    pub snapshot_logs: u64,
+    /// Deadline for one proposed write to commit.
+    pub propose_timeout_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            lease_ms: 10_000,
+            sweep_ms: 1_000,
+            election_timeout_ms: 1_000,
+            heartbeat_ms: 250,
+            max_voters: 3,
+            snapshot_logs: 10_000,
+            propose_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// How this node enters a cluster when its data dir is fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// Bootstrap a one-node cluster.
+    Bootstrap,
+    /// Wait to be added with `gateway join`.
+    Standby,
+    /// Ask the member at this cluster address to add us, retrying until we are a voter.
+    Join(String),
+}
+
+/// The validated configuration of `gateway serve`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: Option<String>,
+    pub listen: SocketAddr,
+    pub cluster_listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub public_url: Option<String>,
+    pub start: Start,
+    pub cluster_secret_file: Option<PathBuf>,
+    pub device_secret_file: Option<PathBuf>,
+    pub timing: Timing,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Reads a TOML config file.
+pub fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+}
+
+impl Config {
+    /// Merges `flags` (clap already folded the environment into them) over `file` over defaults.
+    pub fn merge(flags: FileConfig, file: FileConfig) -> Result<Config, ConfigError> {
+        let d = Timing::default();
+        let timing = Timing {
+            lease_ms: flags.lease_ms.or(file.lease_ms).unwrap_or(d.lease_ms),
+            sweep_ms: flags.sweep_ms.or(file.sweep_ms).unwrap_or(d.sweep_ms),
+            election_timeout_ms: flags
+                .election_timeout_ms
+                .or(file.election_timeout_ms)
+                .unwrap_or(d.election_timeout_ms),
+            heartbeat_ms: flags.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(d.heartbeat_ms),
+            max_voters: flags.max_voters.or(file.max_voters).unwrap_or(d.max_voters),
+            snapshot_logs: flags.snapshot_logs.or(file.snapshot_logs).unwrap_or(d.snapshot_logs),
+            propose_timeout_ms: flags.propose_timeout_ms.or(file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
+        };
+        let join = flags.join.or(file.join);
+        let standby = flags.standby.or(file.standby).unwrap_or(false);
+        let start = match (join, standby) {
+            (Some(_), true) => return Err(ConfigError::Invalid("--join and --standby exclude each other".into())),
+            (Some(addr), false) => Start::Join(addr),
+            (None, true) => Start::Standby,
+            (None, false) => Start::Bootstrap,
+        };
+        let cfg = Config {
+            name: flags.name.or(file.name),
+            listen: flags.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("literal")),
+            cluster_listen: flags
+                .cluster_listen
+                .or(file.cluster_listen)
+                .unwrap_or_else(|| "127.0.0.1:7070".parse().expect("literal")),
+            data_dir: flags.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("gateway-data")),
+            public_url: flags.public_url.or(file.public_url),
+            start,
+            cluster_secret_file: flags.cluster_secret_file.or(file.cluster_secret_file),
+            device_secret_file: flags.device_secret_file.or(file.device_secret_file),
+            timing,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.timing;
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(name) = &self.name {
+            if name.is_empty()
+                || name.len() > 64
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
+            }
+        }
+        if t.max_voters == 0 || t.max_voters > 7 || t.max_voters % 2 == 0 {
+            return bad(format!("max_voters = {}: must be odd, 1 to 7", t.max_voters));
+        }
+        if t.heartbeat_ms == 0 || t.election_timeout_ms < 2 * t.heartbeat_ms {
+            return bad(format!(
+                "election_timeout_ms ({}) must be at least twice heartbeat_ms ({})",
+                t.election_timeout_ms, t.heartbeat_ms
+            ));
+        }
+        if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 300 {
+            return bad(format!("lease_ms ({}) must be >= 300 and >= 3 x heartbeat_ms", t.lease_ms));
+        }
+        if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
+            return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
+        }
+        if t.snapshot_logs == 0 || t.propose_timeout_ms == 0 {
+            return bad("snapshot_logs and propose_timeout_ms must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The cluster address other members and the CLI use to reach this node.
+    pub fn cluster_addr(&self) -> String {
+        self.cluster_listen.to_string()
+    }
+
+    /// The URL devices use, defaulting to the public listener.
+    pub fn public_url(&self) -> String {
+        self.public_url.clone().unwrap_or_else(|| format!("ws://{}", self.listen))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_file_beats_defaults() {
+        let file: FileConfig = toml::from_str("lease_ms = 4000\nsweep_ms = 500\nname = \"from-file\"").unwrap();
+        let flags = FileConfig { lease_ms: Some(3000), ..Default::default() };
+        let cfg = Config::merge(flags, file).unwrap();
+        assert_eq!(cfg.timing.lease_ms, 3000);
+        assert_eq!(cfg.timing.sweep_ms, 500);
+        assert_eq!(cfg.timing.election_timeout_ms, Timing::default().election_timeout_ms);
+        assert_eq!(cfg.name.as_deref(), Some("from-file"));
+        assert_eq!(cfg.start, Start::Bootstrap);
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let file: FileConfig = toml::from_str(include_str!("../deploy/gateway.example.toml")).unwrap();
+        let cfg = Config::merge(FileConfig::default(), file).unwrap();
+        assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
+    }
+
+    #[test]
+    fn refuses_bad_values_and_unknown_keys() {
+        assert!(toml::from_str::<FileConfig>("leese_ms = 1").is_err());
+        for bad in ["max_voters = 4", "max_voters = 9", "election_timeout_ms = 100\nheartbeat_ms = 100", "sweep_ms = 0"]
+        {
+            let file: FileConfig = toml::from_str(bad).unwrap();
+            assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
+        }
+        let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
+        assert!(Config::merge(both, FileConfig::default()).is_err());
+    }
+}

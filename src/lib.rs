@@ -1,0 +1,35 @@
+//! gateway: one binary that runs a cluster of WebSocket device gateways on an embedded,
+//! Raft-replicated store (openraft + redb) — no external database.
+//!
+//! # Codemap
+//! - [`config`] flags/env/TOML → validated `Config`; [`cli`] the command line.
+//! - [`codec`] the only place that names bincode (version byte + bincode 2).
+//! - [`ring`] virtual-node consistent hash over live nodes.
+//! - [`store`] redb tables: `log.redb` (Raft log, vote) and `state.redb` (routes, floors, leases).
+//! - [`raft`] openraft type config, log store, state machine, network client.
+//! - [`cluster`] `ClusterView` (applied members, leases, ring) on a watch channel.
+//! - [`proposer`] batching proposer: concurrent writes share one log entry; followers forward.
+//! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, health.
+//! - [`node`] composition root: data dir, identity, secrets, Raft, duties, listeners.
+//! - [`admin`] HTTP client for the admin API (used by the CLI).
+//!
+//! # Architecture invariants
+//! - `ring`, `codec` and `config` import nothing of the crate; `ring` does no I/O and reads no clock.
+//! - `apply` never reads a clock: the leader's proposer stamps `at_ms` into time-dependent commands.
+//! - Every redb call runs on the blocking pool.
+//! - Only the state machine publishes `ClusterView`.
+
+pub mod admin;
+pub mod api;
+pub mod cli;
+pub mod cluster;
+pub mod codec;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod proposer;
+pub mod raft;
+pub mod ring;
+pub mod status;
+pub mod store;

@@ -1,0 +1,137 @@
+//! Shell: parse the command line, start telemetry, run, map the error to an exit code
+//! (0 ok, 64 usage, 78 bad config, 1 runtime failure).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gateway::admin::{Admin, AdminError};
+use gateway::cli::{Cli, Command, SecretArgs};
+use gateway::config::{self, Config, ConfigError, FileConfig};
+use gateway::http::HttpClient;
+use gateway::node::{self, identity, NodeError};
+
+const EXIT_USAGE: u8 = 64;
+const EXIT_CONFIG: u8 = 78;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(EXIT_USAGE),
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GATEWAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
+        )
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(msg)) => {
+            eprintln!("gateway: {msg}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("gateway: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum Failure {
+    Config(String),
+    Runtime(String),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(e: ConfigError) -> Self {
+        Failure::Config(e.to_string())
+    }
+}
+
+impl From<NodeError> for Failure {
+    fn from(e: NodeError) -> Self {
+        match e {
+            NodeError::Config(m) => Failure::Config(m),
+            other => Failure::Runtime(other.to_string()),
+        }
+    }
+}
+
+impl From<AdminError> for Failure {
+    fn from(e: AdminError) -> Self {
+        Failure::Runtime(e.to_string())
+    }
+}
+
+fn admin(secret: &SecretArgs) -> Result<Admin, Failure> {
+    let s = identity::cli_cluster_secret(secret.cluster_secret_file.as_deref(), &secret.data_dir)?;
+    Ok(Admin::new(HttpClient::new(&s)))
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Serve(args) => {
+            let file = match &args.config {
+                Some(path) => config::load_file(path)?,
+                None => FileConfig::default(),
+            };
+            let cfg = Config::merge(args.to_layer(), file)?;
+            node::serve(cfg).await?;
+        }
+        Command::Join { cluster, node, secret } => {
+            let admin = admin(&secret)?;
+            let out = admin.join(&cluster, &node, &mut |line| println!("{line}")).await?;
+            if !out.changed && out.role == "voter" {
+                println!("membership unchanged");
+            }
+            print_membership(&out.membership);
+        }
+        Command::Leave { cluster, node, secret } => {
+            let admin = admin(&secret)?;
+            let out = admin.leave(&cluster, &node).await?;
+            println!("removed {} ({node})", out.removed);
+            print_membership(&out.membership);
+        }
+        Command::Status { cluster, json, secret } => {
+            let report = admin(&secret)?.status(&cluster).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report).expect("plain struct"));
+            } else {
+                print!("{}", report.render());
+            }
+        }
+        Command::Watch { cluster, interval_ms, secret } => {
+            let admin = admin(&secret)?;
+            let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(50)));
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                    _ = tick.tick() => {}
+                }
+                let screen = match admin.status(&cluster).await {
+                    Ok(r) => r.render(),
+                    Err(e) => format!("{cluster}: {e}\n"),
+                };
+                // Clear the screen and home the cursor, then redraw.
+                print!("\x1b[2J\x1b[H{}", screen);
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_membership(m: &gateway::node::membership::MembershipSummary) {
+    let fmt = |v: &[(u64, String)]| v.iter().map(|(id, n)| format!("{n} ({id})")).collect::<Vec<_>>().join(", ");
+    println!("membership: voters [{}]; learners [{}]", fmt(&m.voters), fmt(&m.learners));
+}

@@ -1,0 +1,98 @@
+//! Prometheus metrics (`GET /metrics` on the cluster listener, unauthenticated). Counters are
+//! bumped where the event happens; Raft gauges are read from openraft's metrics at scrape time.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+/// Every metric a node exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Durable log appends (one fsync each).
+    pub log_fsyncs: Counter,
+    /// Entries written by those appends.
+    pub log_entries: Counter,
+    /// Commands handed to the Raft log by this node's proposer, and the entries that carried them.
+    pub proposed_commands: Counter,
+    pub proposed_batches: Counter,
+    /// Claims by result (`accepted`, `stale`, `node_not_live`, `error`).
+    pub claims: Family<ResultLabel, Counter>,
+    /// Nodes this node swept as leader.
+    pub nodes_expired: Counter,
+    pub raft_term: Gauge,
+    pub raft_is_leader: Gauge,
+    pub raft_last_log_index: Gauge,
+    pub raft_applied_index: Gauge,
+    pub raft_commit_index: Gauge,
+    pub raft_apply_lag: Gauge,
+    pub members: Gauge,
+    pub live_nodes: Gauge,
+    pub routes: Gauge,
+    pub ring_version: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gateway");
+        let m = Metrics {
+            registry: Registry::default(),
+            log_fsyncs: Counter::default(),
+            log_entries: Counter::default(),
+            proposed_commands: Counter::default(),
+            proposed_batches: Counter::default(),
+            claims: Family::default(),
+            nodes_expired: Counter::default(),
+            raft_term: Gauge::default(),
+            raft_is_leader: Gauge::default(),
+            raft_last_log_index: Gauge::default(),
+            raft_applied_index: Gauge::default(),
+            raft_commit_index: Gauge::default(),
+            raft_apply_lag: Gauge::default(),
+            members: Gauge::default(),
+            live_nodes: Gauge::default(),
+            routes: Gauge::default(),
+            ring_version: Gauge::default(),
+        };
+        registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
+        registry.register("log_entries", "Raft log entries written", m.log_entries.clone());
+        registry.register(
+            "proposed_commands",
+            "Commands proposed by this node's leader proposer",
+            m.proposed_commands.clone(),
+        );
+        registry.register(
+            "proposed_batches",
+            "Log entries (batches) proposed by this node",
+            m.proposed_batches.clone(),
+        );
+        registry.register("claims", "Route claims by result", m.claims.clone());
+        registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());
+        registry.register("raft_term", "Current Raft term", m.raft_term.clone());
+        registry.register("raft_is_leader", "1 if this node leads", m.raft_is_leader.clone());
+        registry.register("raft_last_log_index", "Last log index", m.raft_last_log_index.clone());
+        registry.register("raft_applied_index", "Last applied index", m.raft_applied_index.clone());
+        registry.register("raft_commit_index", "Last known committed index", m.raft_commit_index.clone());
+        registry.register("raft_apply_lag", "Committed but not yet applied entries", m.raft_apply_lag.clone());
+        registry.register("members", "Raft members (voters and learners)", m.members.clone());
+        registry.register("live_nodes", "Nodes in the ring", m.live_nodes.clone());
+        registry.register("routes", "Device routes in the applied state", m.routes.clone());
+        registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}

@@ -1,0 +1,145 @@
+//! Periodic duties: every node renews its lease every `lease/3`; the leader extends leases on
+//! election (before any sweep), records the cluster id, finishes half-done joint configurations and
+//! sweeps lapsed leases every `sweep_ms`. A node that sees itself removed from the membership stops.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use tokio_util::sync::CancellationToken;
+
+use super::membership;
+use crate::cluster::ClusterWatch;
+use crate::config::Timing;
+use crate::metrics::Metrics;
+use crate::proposer::{now_ms, Proposer};
+use crate::raft::types::{Command, LeaseState, NodeId, Raft, Reply};
+
+/// Renews this node's lease while it is a member. `renewed_at_ms` records the leader-stamped time of
+/// the last committed renewal (0 = never) for callers that fence on it.
+pub async fn renew_loop(
+    me: NodeId,
+    proposer: Proposer,
+    view: ClusterWatch,
+    timing: Timing,
+    renewed_at_ms: Arc<AtomicU64>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis((timing.lease_ms / 3).max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if view.borrow().member(me).is_none() {
+            continue;
+        }
+        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections: 0, draining: false };
+        match proposer.propose(cmd).await {
+            Ok(_) => renewed_at_ms.store(now_ms(), Ordering::Relaxed),
+            Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
+        }
+    }
+}
+
+/// The leader's duties; idle on followers.
+pub async fn leader_loop(
+    me: NodeId,
+    raft: Raft,
+    proposer: Proposer,
+    view: ClusterWatch,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(timing.sweep_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut extended_term = None;
+    let op_timeout = Duration::from_millis(timing.propose_timeout_ms);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (leader, term) = {
+            let m = raft.metrics().borrow().clone();
+            (m.current_leader, m.current_term)
+        };
+        if leader != Some(me) {
+            extended_term = None;
+            continue;
+        }
+        if extended_term != Some(term) {
+            // Push every live lease past the election gap before this term's first sweep.
+            let extend = Command::ExtendLeases { at_ms: 0, lease_ms: timing.lease_ms };
+            match proposer.propose(extend).await {
+                Ok(_) => {
+                    tracing::info!(term, "leader: leases extended, sweeping from now on");
+                    extended_term = Some(term);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "leader: extending leases failed");
+                    continue;
+                }
+            }
+            if view.borrow().meta.cluster_id.is_none() {
+                let mut raw = [0u8; 16];
+                rand::thread_rng().fill_bytes(&mut raw);
+                let cluster_id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+                if let Err(e) = proposer.propose(Command::Init { cluster_id }).await {
+                    tracing::warn!(error = %e, "leader: recording the cluster id failed");
+                }
+            }
+            match membership::finish_joint(&raft, op_timeout).await {
+                Ok(true) => tracing::info!("leader: finished a joint membership change left by a previous leader"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "leader: finishing a joint membership change failed"),
+            }
+            continue;
+        }
+        sweep(&proposer, &view, &metrics).await;
+    }
+}
+
+async fn sweep(proposer: &Proposer, view: &ClusterWatch, metrics: &Metrics) {
+    let now = now_ms();
+    let candidates: Vec<NodeId> = view
+        .borrow()
+        .meta
+        .nodes
+        .iter()
+        .filter(|(_, l)| l.state != LeaseState::Expired && l.lease_until_ms < now)
+        .map(|(id, _)| *id)
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    match proposer.propose(Command::Sweep { at_ms: 0, grace_ms: 0, candidates }).await {
+        Ok(Reply::Swept { expired, routes_deleted }) if !expired.is_empty() => {
+            metrics.nodes_expired.inc_by(expired.len() as u64);
+            tracing::info!(?expired, routes_deleted, "leader: swept lapsed leases");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "leader: sweep did not commit"),
+    }
+}
+
+/// Cancels `cancel` once this node, having been a member, is no longer in the applied membership.
+pub async fn watch_removal(me: NodeId, mut view: ClusterWatch, cancel: CancellationToken) {
+    let mut was_member = false;
+    loop {
+        let is_member = view.borrow_and_update().member(me).is_some();
+        if was_member && !is_member {
+            tracing::warn!("this node was removed from the cluster membership; stopping");
+            cancel.cancel();
+            return;
+        }
+        was_member |= is_member;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = view.changed() => if r.is_err() { return },
+        }
+    }
+}

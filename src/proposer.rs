@@ -1,0 +1,223 @@
+//! The batching proposer (design §2 "Batching"). openraft 0.9 awaits a log flush inside every
+//! `client_write`, so one entry per write would mean one fsync per write. The proposer folds every
+//! command that queued while the previous entry committed into one `Request` (bounded, no fixed
+//! linger) and hands each caller its own reply. On a follower the batch is forwarded to the
+//! leader's `/cluster/propose`, where the leader's proposer batches it again and stamps time.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::codec::{decode, encode};
+use crate::http::HttpClient;
+use crate::metrics::Metrics;
+use crate::raft::types::{Command, Raft, Reply, Request};
+
+/// Most commands folded into one log entry.
+pub const MAX_BATCH: usize = 1024;
+
+/// Why a write did not get a reply. All are retryable except `Rejected`.
+#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum ProposeError {
+    #[error("no leader is known (election in progress?)")]
+    NoLeader,
+    #[error("the write did not commit within {0} ms")]
+    Timeout(u64),
+    #[error("forwarding to the leader failed: {0}")]
+    Forward(String),
+    #[error("raft refused the write: {0}")]
+    Rejected(String),
+    #[error("the node is shutting down")]
+    Stopped,
+}
+
+struct Pending {
+    cmd: Command,
+    /// Forwarded from another node: never forward again (no loops between stale leaders).
+    local_only: bool,
+    reply: oneshot::Sender<Result<Reply, ProposeError>>,
+}
+
+/// Handle to submit commands; cheap to clone.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+    timeout: Duration,
+}
+
+/// Milliseconds since the Unix epoch on this node's wall clock (only the leader's ends up in the log).
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Proposer {
+    /// Starts the batching loop; it ends when `cancel` fires.
+    pub fn spawn(
+        raft: Raft,
+        http: HttpClient,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        cancel: CancellationToken,
+    ) -> Proposer {
+        let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
+        tokio::spawn(run(raft, http, rx, timeout, metrics, cancel));
+        Proposer { tx, timeout }
+    }
+
+    /// Proposes one command and waits for its reply, at most the configured deadline.
+    pub async fn propose(&self, cmd: Command) -> Result<Reply, ProposeError> {
+        self.submit(cmd, false).await
+    }
+
+    /// Proposes commands forwarded by a follower; all are queued before any is awaited, so they
+    /// share entries. Replies come back in order.
+    pub async fn propose_forwarded(&self, cmds: Vec<Command>) -> Vec<Result<Reply, ProposeError>> {
+        let mut waiting = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            waiting.push(self.enqueue(cmd, true).await);
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut out = Vec::with_capacity(waiting.len());
+        for rx in waiting {
+            out.push(match rx {
+                Ok(rx) => self.wait(rx, deadline).await,
+                Err(e) => Err(e),
+            });
+        }
+        out
+    }
+
+    async fn submit(&self, cmd: Command, local_only: bool) -> Result<Reply, ProposeError> {
+        let rx = self.enqueue(cmd, local_only).await?;
+        self.wait(rx, tokio::time::Instant::now() + self.timeout).await
+    }
+
+    async fn enqueue(
+        &self,
+        cmd: Command,
+        local_only: bool,
+    ) -> Result<oneshot::Receiver<Result<Reply, ProposeError>>, ProposeError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Pending { cmd, local_only, reply }).await.map_err(|_| ProposeError::Stopped)?;
+        Ok(rx)
+    }
+
+    async fn wait(
+        &self,
+        rx: oneshot::Receiver<Result<Reply, ProposeError>>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Reply, ProposeError> {
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(ProposeError::Stopped),
+            Err(_) => Err(ProposeError::Timeout(self.timeout.as_millis() as u64)),
+        }
+    }
+}
+
+async fn run(
+    raft: Raft,
+    http: HttpClient,
+    mut rx: mpsc::Receiver<Pending>,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let http = Arc::new(http);
+    loop {
+        let first = tokio::select! {
+            _ = cancel.cancelled() => return,
+            p = rx.recv() => match p { Some(p) => p, None => return },
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let now = now_ms();
+        let cmds: Vec<Command> = batch
+            .iter()
+            .map(|p| {
+                let mut c = p.cmd.clone();
+                c.stamp(now);
+                c
+            })
+            .collect();
+        let write = tokio::time::timeout(timeout, raft.client_write(Request { cmds }));
+        match write.await {
+            Ok(Ok(resp)) => {
+                metrics.proposed_batches.inc();
+                metrics.proposed_commands.inc_by(batch.len() as u64);
+                for (p, r) in batch.into_iter().zip(resp.data.replies) {
+                    let _ = p.reply.send(Ok(r));
+                }
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
+                for p in local {
+                    let _ = p.reply.send(Err(ProposeError::NoLeader));
+                }
+                match f.leader_node {
+                    Some(leader) if !remote.is_empty() => {
+                        // Forwarding runs beside the loop so local batching continues meanwhile.
+                        tokio::spawn(forward(http.clone(), leader.cluster_addr, remote, timeout));
+                    }
+                    _ => {
+                        for p in remote {
+                            let _ = p.reply.send(Err(ProposeError::NoLeader));
+                        }
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                for p in batch {
+                    let _ = p.reply.send(Err(ProposeError::Rejected(msg.clone())));
+                }
+            }
+            Err(_) => {
+                for p in batch {
+                    let _ = p.reply.send(Err(ProposeError::Timeout(timeout.as_millis() as u64)));
+                }
+            }
+        }
+    }
+}
+
+async fn forward(http: Arc<HttpClient>, leader: String, batch: Vec<Pending>, timeout: Duration) {
+    let cmds: Vec<Command> = batch.iter().map(|p| p.cmd.clone()).collect();
+    let result = async {
+        let body = encode(&cmds).map_err(|e| ProposeError::Forward(e.to_string()))?;
+        let (status, bytes) = http
+            .post_bin(&leader, "/cluster/propose", body, timeout)
+            .await
+            .map_err(|e| ProposeError::Forward(e.to_string()))?;
+        if !status.is_success() {
+            return Err(ProposeError::Forward(format!("{leader} answered {status}")));
+        }
+        decode::<Vec<Result<Reply, ProposeError>>>(&bytes).map_err(|e| ProposeError::Forward(e.to_string()))
+    }
+    .await;
+    match result {
+        Ok(replies) if replies.len() == batch.len() => {
+            for (p, r) in batch.into_iter().zip(replies) {
+                let _ = p.reply.send(r);
+            }
+        }
+        Ok(_) => {
+            for p in batch {
+                let _ = p.reply.send(Err(ProposeError::Forward("reply count mismatch".into())));
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
