@@ -24,6 +24,9 @@ pub struct Metrics {
     pub proposed_batches: Counter,
     /// Claims by result (`accepted`, `stale`, `node_not_live`, `error`).
     pub claims: Family<ResultLabel, Counter>,
+    /// Snapshots this node built from its state, and snapshots it installed from a leader.
+    pub snapshots_built: Counter,
+    pub snapshots_installed: Counter,
     /// Nodes this node swept as leader.
     pub nodes_expired: Counter,
     pub raft_term: Gauge,
@@ -49,6 +52,8 @@ impl Default for Metrics {
             proposed_batches: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
+            snapshots_built: Counter::default(),
+            snapshots_installed: Counter::default(),
             raft_term: Gauge::default(),
             raft_is_leader: Gauge::default(),
             raft_last_log_index: Gauge::default(),
@@ -73,6 +78,8 @@ impl Default for Metrics {
             m.proposed_batches.clone(),
         );
         registry.register("claims", "Route claims by result", m.claims.clone());
+        registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
+        registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
         registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
         registry.register("raft_is_leader", "1 if this node leads", m.raft_is_leader.clone());

@@ -70,6 +70,19 @@ fn restarted_follower_catches_up_after_log_purge() {
         commit_after - commit_before
     );
 
+    // The leader must have purged the entries the dead follower lacks, so only a snapshot can
+    // bring it back.
+    let leader_idx = survivors.iter().copied().find(|&s| ids[s] == leader_id).unwrap_or(survivors[0]);
+    let purged =
+        wait_until(TIMING.settle_bound(), "the leader to purge its log past the follower's last entry", || {
+            let s = c.try_status(leader_idx)?;
+            match s["purged_index"].as_u64() {
+                Some(p) if p > commit_before => Ok(p),
+                other => Err(format!("purged_index {other:?}, follower stopped at {commit_before}")),
+            }
+        });
+    println!("leader purged its log up to {purged} (follower stopped at {commit_before})");
+
     let restarted_at = Instant::now();
     c.start(f);
     wait_until(TIMING.settle_bound(), &format!("{f_name} to apply up to {commit_after} and be live"), || {
@@ -86,6 +99,8 @@ fn restarted_follower_catches_up_after_log_purge() {
         }
     });
     println!("{f_name} caught up {commit_after} entries and is live after {:?}", restarted_at.elapsed());
+    let installed = c.metric(f, "gateway_snapshots_installed_total").unwrap_or(0.0);
+    assert!(installed >= 1.0, "{f_name} caught up without installing a snapshot (installed {installed})");
     c.wait_agreement(&[0, 1, 2], TIMING.settle_bound(), "all three live again", |v| {
         v.all_live() && v.ring_live.len() == 3
     });

@@ -2,7 +2,6 @@
 //! election (before any sweep), records the cluster id, finishes half-done joint configurations and
 //! sweeps lapsed leases every `sweep_ms`. A node that sees itself removed from the membership stops.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,16 +15,8 @@ use crate::metrics::Metrics;
 use crate::proposer::{now_ms, Proposer};
 use crate::raft::types::{Command, LeaseState, NodeId, Raft, Reply};
 
-/// Renews this node's lease while it is a member. `renewed_at_ms` records the leader-stamped time of
-/// the last committed renewal (0 = never) for callers that fence on it.
-pub async fn renew_loop(
-    me: NodeId,
-    proposer: Proposer,
-    view: ClusterWatch,
-    timing: Timing,
-    renewed_at_ms: Arc<AtomicU64>,
-    cancel: CancellationToken,
-) {
+/// Renews this node's lease while it is a member.
+pub async fn renew_loop(me: NodeId, proposer: Proposer, view: ClusterWatch, timing: Timing, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis((timing.lease_ms / 3).max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -37,9 +28,8 @@ pub async fn renew_loop(
             continue;
         }
         let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections: 0, draining: false };
-        match proposer.propose(cmd).await {
-            Ok(_) => renewed_at_ms.store(now_ms(), Ordering::Relaxed),
-            Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
+        if let Err(e) = proposer.propose(cmd).await {
+            tracing::warn!(error = %e, "lease renewal did not commit");
         }
     }
 }

@@ -62,7 +62,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
             .map_err(|e| NodeError::Raft(e.to_string()))??;
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
-    let (sm, view) = StateMachine::new(state_db.clone(), meta);
+    let (sm, view) = StateMachine::new(state_db.clone(), meta, metrics.clone());
     let t = &cfg.timing;
     let raft_config = openraft::Config {
         cluster_name: "gateway".into(),
@@ -119,14 +119,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
     let mut handles = vec![
         tokio::spawn(api::run(cluster_listener, api, tasks.clone())),
         tokio::spawn(api::run_public(public_listener, tasks.clone())),
-        tokio::spawn(duties::renew_loop(
-            ident.id,
-            proposer.clone(),
-            view.clone(),
-            t.clone(),
-            Default::default(),
-            tasks.clone(),
-        )),
+        tokio::spawn(duties::renew_loop(ident.id, proposer.clone(), view.clone(), t.clone(), tasks.clone())),
         tokio::spawn(duties::leader_loop(
             ident.id,
             raft.clone(),

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use super::types::{Entry, LogId, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use crate::cluster::ClusterView;
 use crate::codec::encode;
+use crate::metrics::Metrics;
 use crate::store::state::{Meta, StateDb};
 use crate::store::StoreError;
 
@@ -20,13 +21,14 @@ pub struct StateMachine {
     meta: Meta,
     view: watch::Sender<Arc<ClusterView>>,
     snapshots_built: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
 impl StateMachine {
     /// Opens on `db` with its loaded `meta` and publishes the first view.
-    pub fn new(db: StateDb, meta: Meta) -> (StateMachine, watch::Receiver<Arc<ClusterView>>) {
+    pub fn new(db: StateDb, meta: Meta, metrics: Arc<Metrics>) -> (StateMachine, watch::Receiver<Arc<ClusterView>>) {
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(meta.clone(), None)));
-        (StateMachine { db, meta, view, snapshots_built: Arc::default() }, rx)
+        (StateMachine { db, meta, view, snapshots_built: Arc::default(), metrics }, rx)
     }
 
     /// A read handle for point lookups (routes) outside the Raft core.
@@ -75,7 +77,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder { db: self.db.clone(), built: self.snapshots_built.clone() }
+        SnapshotBuilder { db: self.db.clone(), built: self.snapshots_built.clone(), metrics: self.metrics.clone() }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
@@ -90,6 +92,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (db, smeta, data) = (self.db.clone(), meta.clone(), snapshot.into_inner());
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let meta = blocking(subject, ErrorVerb::Write, move || db.install(&smeta, &data)).await?;
+        self.metrics.snapshots_installed.inc();
+        tracing::info!(last_log_id = ?meta.last_applied, "installed a snapshot from the leader");
         self.publish(meta);
         Ok(())
     }
@@ -105,6 +109,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 pub struct SnapshotBuilder {
     db: StateDb,
     built: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -123,6 +128,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             Ok((smeta, data))
         })
         .await?;
+        self.metrics.snapshots_built.inc();
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }

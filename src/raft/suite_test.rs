@@ -15,7 +15,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let dir = tempfile::tempdir().expect("tempdir");
         let log = LogDb::open(dir.path()).expect("open log");
         let (state, meta) = StateDb::open(dir.path()).expect("open state");
-        let (sm, _view) = StateMachine::new(state, meta);
+        let (sm, _view) = StateMachine::new(state, meta, Default::default());
         Ok((dir, LogStore::new(log, Default::default(), Default::default()), sm))
     }
 }

@@ -46,3 +46,6 @@ impl StoreError {
         openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&self)).into()
     }
 }
+
+#[cfg(test)]
+mod state_tests;

@@ -28,6 +28,21 @@ impl Cluster {
         )
     }
 
+    /// One counter or gauge from node `i`'s `/metrics` (sum over label sets), or None if absent.
+    pub fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        let r = self.get(i, "/metrics").ok()?;
+        let text = r.text();
+        let mut found = None;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (key, value) = line.rsplit_once(' ')?;
+            let metric = key.split('{').next()?;
+            if metric == name {
+                *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+            }
+        }
+        found
+    }
+
     pub fn post_json(&self, i: usize, path: &str, body: &Value) -> anyhow::Result<http::Response> {
         let auth = self.bearer();
         let body = serde_json::to_vec(body).unwrap();
