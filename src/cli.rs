@@ -3,9 +3,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::FileConfig;
+use crate::plan::{Admission, Jitter, StormModel};
 
 /// gateway: a cluster of WebSocket device gateways on an embedded Raft-replicated store.
 #[derive(Debug, Parser)]
@@ -50,6 +51,24 @@ pub enum Command {
         #[command(flatten)]
         secret: SecretArgs,
     },
+    /// Mint a device token (HS256 JWT: sub = device id, epoch = install epoch) with the device secret.
+    Token {
+        /// Device id: 1-128 characters of [A-Za-z0-9._:@-].
+        #[arg(long)]
+        device: String,
+        /// Install epoch; a reinstalled device gets a higher one, so its claims beat the old install's.
+        #[arg(long, default_value_t = 0)]
+        epoch: u64,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 86_400)]
+        ttl: u64,
+        /// Device-token secret file (env GATEWAY_DEVICE_SECRET holds the secret itself).
+        #[arg(long, env = "GATEWAY_DEVICE_SECRET_FILE")]
+        device_secret_file: Option<PathBuf>,
+        /// Data dir whose generated `device.secret` to use when no secret is given.
+        #[arg(long, env = "GATEWAY_DATA_DIR", default_value = "gateway-data")]
+        data_dir: PathBuf,
+    },
     /// Redraw the status view about every 250 ms until interrupted.
     Watch {
         #[arg(long)]
@@ -60,6 +79,34 @@ pub enum Command {
         #[command(flatten)]
         secret: SecretArgs,
     },
+    /// Model a reconnect storm: attempts, peak load and time until every device is back.
+    ///
+    /// A pure, seeded, discrete-time model (no network) for capacity planning:
+    ///
+    /// - Time advances in slots of --slot-ms. Attempt times are rounded up to a slot start and
+    ///   every reported time is a slot start, so figures are upper bounds by less than a slot.
+    /// - All --devices drop at t = 0. With --initial-jitter on each first attempt is uniform in
+    ///   [0, base] (integer ms); with off, everyone attempts in slot 0.
+    /// - Device i belongs to node i mod --nodes (round-robin); only that node admits it.
+    /// - Admission is either a token bucket per node (--rate, --burst, --nodes): each bucket
+    ///   starts full with `burst` tokens and refills continuously at `rate` per second, capped
+    ///   at `burst` (accounted exactly in thousandths of a token, so fractions carry over; an
+    ///   admission takes a whole token); or a fixed capacity (--per-slot C): at most C
+    ///   admissions per slot across the cluster, unused capacity lost.
+    /// - Within a slot, devices with the most failures so far are admitted first, until the
+    ///   capacity runs out; the rest are refused.
+    /// - After its n-th refusal (n = 0 first) a device waits d ms: --jitter none, exactly
+    ///   min(cap, base*2^n); --jitter full, uniform in [0, min(cap, base*2^n)]; with
+    ///   --retry-after-s R, d = max(d, R s) (the same header on every refusal; the default is no
+    ///   header). Its retry falls in the first slot starting at or after t + d, never in the
+    ///   slot that refused it.
+    /// - The run ends when every device is connected, or after --max-seconds.
+    ///
+    /// With --jitter none and --initial-jitter off the result does not depend on --seed.
+    /// Output: total attempts and refusals, peak attempts in one slot and in one second, the
+    /// times 50 %, 99 % and 100 % of the devices were connected, and when the last one got in.
+    #[command(verbatim_doc_comment)]
+    PlanStorm(PlanStormArgs),
 }
 
 /// Where the CLI finds the cluster secret.
@@ -128,6 +175,30 @@ pub struct ServeArgs {
     /// Deadline for a write to commit [default: 5000].
     #[arg(long, env = "GATEWAY_PROPOSE_TIMEOUT_MS")]
     pub propose_timeout_ms: Option<u64>,
+    /// Ping period for device connections [default: 20000].
+    #[arg(long, env = "GATEWAY_PING_MS")]
+    pub ping_ms: Option<u64>,
+    /// Close a device connection after this long without traffic [default: 60000].
+    #[arg(long, env = "GATEWAY_IDLE_MS")]
+    pub idle_ms: Option<u64>,
+    /// Handshakes admitted per second by this node, before authentication [default: 200].
+    #[arg(long, env = "GATEWAY_ADMIT_RATE")]
+    pub admit_rate: Option<f64>,
+    /// Handshakes admitted at once after a quiet period [default: 400].
+    #[arg(long, env = "GATEWAY_ADMIT_BURST")]
+    pub admit_burst: Option<u32>,
+    /// Deadline for a handshake's claim to commit [default: 3000].
+    #[arg(long, env = "GATEWAY_HANDSHAKE_TIMEOUT_MS")]
+    pub handshake_timeout_ms: Option<u64>,
+    /// Deadline for a client to send its request headers [default: 5000].
+    #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// Largest message a device may send [default: 65536].
+    #[arg(long, env = "GATEWAY_MAX_MESSAGE_BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Frames queued per connection [default: 256].
+    #[arg(long, env = "GATEWAY_SEND_QUEUE")]
+    pub send_queue: Option<usize>,
 }
 
 impl ServeArgs {
@@ -150,6 +221,101 @@ impl ServeArgs {
             max_voters: self.max_voters,
             snapshot_logs: self.snapshot_logs,
             propose_timeout_ms: self.propose_timeout_ms,
+            ping_ms: self.ping_ms,
+            idle_ms: self.idle_ms,
+            admit_rate: self.admit_rate,
+            admit_burst: self.admit_burst,
+            handshake_timeout_ms: self.handshake_timeout_ms,
+            header_read_timeout_ms: self.header_read_timeout_ms,
+            max_message_bytes: self.max_message_bytes,
+            send_queue: self.send_queue,
+        }
+    }
+}
+
+/// `gateway plan-storm` flags; the model is described in the subcommand's `--help`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("admission").required(true).args(["rate", "per_slot"])))]
+pub struct PlanStormArgs {
+    /// Devices that drop at t = 0.
+    #[arg(long)]
+    pub devices: u32,
+    /// Token bucket: handshakes admitted per second by each node.
+    #[arg(long, requires = "burst", value_parser = clap::value_parser!(u64).range(1..))]
+    pub rate: Option<u64>,
+    /// Token bucket: tokens each node's bucket holds (and starts with).
+    #[arg(long, requires = "rate", value_parser = clap::value_parser!(u64).range(1..))]
+    pub burst: Option<u64>,
+    /// Token bucket: number of nodes, each with its own bucket.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub nodes: u32,
+    /// Fixed capacity: admissions per slot across the whole cluster.
+    #[arg(long, conflicts_with_all = ["rate", "burst", "nodes"], value_parser = clap::value_parser!(u64).range(1..))]
+    pub per_slot: Option<u64>,
+    /// Length of a time step (and of the --per-slot window).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slot_ms: u64,
+    /// Client backoff base.
+    #[arg(long, default_value_t = 1000)]
+    pub base_ms: u64,
+    /// Client backoff cap.
+    #[arg(long, default_value_t = 30_000)]
+    pub cap_ms: u64,
+    /// Retry spread after a refusal.
+    #[arg(long, value_enum, default_value_t = JitterArg::Full)]
+    pub jitter: JitterArg,
+    /// Whether the first reconnect waits uniform [0, base] (on) or happens at t = 0 (off).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub initial_jitter: Switch,
+    /// Model a `Retry-After` of this many seconds on every refusal, used as a floor.
+    #[arg(long)]
+    pub retry_after_s: Option<u64>,
+    /// Seed of the model's random draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop after this much simulated time even if devices are still out.
+    #[arg(long, default_value_t = 86_400)]
+    pub max_seconds: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JitterArg {
+    None,
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl PlanStormArgs {
+    /// The model these flags describe (clap has already rejected contradictory flags).
+    pub fn to_model(&self) -> StormModel {
+        let admission = match (self.per_slot, self.rate, self.burst) {
+            (Some(per_slot), _, _) => Admission::PerSlot { per_slot },
+            (None, rate, burst) => {
+                Admission::TokenBucket { rate_per_s: rate.unwrap_or(0), burst: burst.unwrap_or(0), nodes: self.nodes }
+            }
+        };
+        StormModel {
+            devices: self.devices,
+            admission,
+            slot_ms: self.slot_ms,
+            base_ms: self.base_ms,
+            cap_ms: self.cap_ms,
+            jitter: match self.jitter {
+                JitterArg::None => Jitter::None,
+                JitterArg::Full => Jitter::Full,
+            },
+            initial_jitter: self.initial_jitter == Switch::On,
+            retry_after_s: self.retry_after_s,
+            seed: self.seed,
+            max_seconds: self.max_seconds,
         }
     }
 }

@@ -18,6 +18,15 @@ pub struct ClusterView {
 
 pub type ClusterWatch = watch::Receiver<Arc<ClusterView>>;
 
+/// What an apply did that a node must act on at once (close a superseded or swept connection).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyEvent {
+    /// A claim replaced the route held by `conn` on `node`.
+    Superseded { node: NodeId, conn: u64 },
+    /// A sweep expired these nodes and deleted their routes.
+    Swept { nodes: Vec<NodeId> },
+}
+
 impl ClusterView {
     /// Builds a view, reusing `prev`'s ring when the live set did not change.
     pub fn new(meta: Meta, prev: Option<&ClusterView>) -> ClusterView {

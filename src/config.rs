@@ -26,6 +26,14 @@ pub struct FileConfig {
     pub max_voters: Option<usize>,
     pub snapshot_logs: Option<u64>,
     pub propose_timeout_ms: Option<u64>,
+    pub ping_ms: Option<u64>,
+    pub idle_ms: Option<u64>,
+    pub admit_rate: Option<f64>,
+    pub admit_burst: Option<u32>,
+    pub handshake_timeout_ms: Option<u64>,
+    pub header_read_timeout_ms: Option<u64>,
+    pub max_message_bytes: Option<usize>,
+    pub send_queue: Option<usize>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -60,6 +68,42 @@ impl Default for Timing {
     }
 }
 
+/// Device-listener knobs; reported by `status --json` under `config` beside [`Timing`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceConfig {
+    /// The server pings every connection this often.
+    pub ping_ms: u64,
+    /// A connection with no traffic from the device for this long is closed.
+    pub idle_ms: u64,
+    /// Handshakes admitted per second by this node's token bucket (before authentication).
+    pub admit_rate: f64,
+    /// Token bucket size: handshakes admitted at once after a quiet period.
+    pub admit_burst: u32,
+    /// Deadline for a handshake's claim to commit (503 after it).
+    pub handshake_timeout_ms: u64,
+    /// Deadline for a client to send its request headers (slowloris guard).
+    pub header_read_timeout_ms: u64,
+    /// Largest message a device may send (close 1009 above it).
+    pub max_message_bytes: usize,
+    /// Frames queued for one connection before replies are dropped.
+    pub send_queue: usize,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            ping_ms: 20_000,
+            idle_ms: 60_000,
+            admit_rate: 200.0,
+            admit_burst: 400,
+            handshake_timeout_ms: 3_000,
+            header_read_timeout_ms: 5_000,
+            max_message_bytes: 64 * 1024,
+            send_queue: 256,
+        }
+    }
+}
+
 /// How this node enters a cluster when its data dir is fresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
@@ -83,6 +127,7 @@ pub struct Config {
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
     pub timing: Timing,
+    pub device: DeviceConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +162,23 @@ impl Config {
             snapshot_logs: flags.snapshot_logs.or(file.snapshot_logs).unwrap_or(d.snapshot_logs),
             propose_timeout_ms: flags.propose_timeout_ms.or(file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
         };
+        let dd = DeviceConfig::default();
+        let device = DeviceConfig {
+            ping_ms: flags.ping_ms.or(file.ping_ms).unwrap_or(dd.ping_ms),
+            idle_ms: flags.idle_ms.or(file.idle_ms).unwrap_or(dd.idle_ms),
+            admit_rate: flags.admit_rate.or(file.admit_rate).unwrap_or(dd.admit_rate),
+            admit_burst: flags.admit_burst.or(file.admit_burst).unwrap_or(dd.admit_burst),
+            handshake_timeout_ms: flags
+                .handshake_timeout_ms
+                .or(file.handshake_timeout_ms)
+                .unwrap_or(dd.handshake_timeout_ms),
+            header_read_timeout_ms: flags
+                .header_read_timeout_ms
+                .or(file.header_read_timeout_ms)
+                .unwrap_or(dd.header_read_timeout_ms),
+            max_message_bytes: flags.max_message_bytes.or(file.max_message_bytes).unwrap_or(dd.max_message_bytes),
+            send_queue: flags.send_queue.or(file.send_queue).unwrap_or(dd.send_queue),
+        };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
         let start = match (join, standby) {
@@ -138,6 +200,7 @@ impl Config {
             cluster_secret_file: flags.cluster_secret_file.or(file.cluster_secret_file),
             device_secret_file: flags.device_secret_file.or(file.device_secret_file),
             timing,
+            device,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -168,6 +231,19 @@ impl Config {
         }
         if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
             return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
+        }
+        let d = &self.device;
+        if d.ping_ms == 0 || d.idle_ms <= d.ping_ms {
+            return bad(format!("idle_ms ({}) must be greater than ping_ms ({})", d.idle_ms, d.ping_ms));
+        }
+        if !(d.admit_rate > 0.0 && d.admit_rate.is_finite()) || d.admit_burst == 0 {
+            return bad(format!("admit_rate ({}) and admit_burst ({}) must be positive", d.admit_rate, d.admit_burst));
+        }
+        if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
+            return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());
+        }
+        if !(128..=16 << 20).contains(&d.max_message_bytes) {
+            return bad(format!("max_message_bytes ({}) must be in 128..=16777216", d.max_message_bytes));
         }
         if t.snapshot_logs == 0 || t.propose_timeout_ms == 0 {
             return bad("snapshot_logs and propose_timeout_ms must be positive".into());
@@ -207,6 +283,7 @@ mod tests {
         let file: FileConfig = toml::from_str(include_str!("../deploy/gateway.example.toml")).unwrap();
         let cfg = Config::merge(FileConfig::default(), file).unwrap();
         assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
+        assert_eq!(cfg.device, DeviceConfig::default(), "the example documents the defaults");
     }
 
     #[test]

@@ -11,25 +11,34 @@
 //! - [`proposer`] batching proposer: concurrent writes share one log entry; followers forward.
 //! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, health.
 //! - [`node`] composition root: data dir, identity, secrets, Raft, duties, listeners.
+//! - [`protocol`] device wire frames and close codes (shared by server and client).
+//! - [`ws`] the public listener: admission, device tokens, placement, handshake, sessions.
 //! - [`admin`] HTTP client for the admin API (used by the CLI).
+//! - [`client`] the device side: full-jitter reconnect backoff (pure, seeded).
+//! - [`plan`] `plan-storm`: a discrete-time reconnect-storm model for capacity planning (pure).
 //!
 //! # Architecture invariants
 //! - `ring`, `codec` and `config` import nothing of the crate; `ring` does no I/O and reads no clock.
 //! - `apply` never reads a clock: the leader's proposer stamps `at_ms` into time-dependent commands.
 //! - Every redb call runs on the blocking pool.
 //! - Only the state machine publishes `ClusterView`.
+//! - `client` imports no server module; `client::backoff` and `plan` do no I/O and read no clock.
 
 pub mod admin;
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod plan;
 pub mod proposer;
+pub mod protocol;
 pub mod raft;
 pub mod ring;
 pub mod status;
 pub mod store;
+pub mod ws;

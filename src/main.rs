@@ -35,6 +35,10 @@ fn main() -> ExitCode {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("gateway: {msg}");
+            ExitCode::from(EXIT_USAGE)
+        }
         Err(Failure::Config(msg)) => {
             eprintln!("gateway: {msg}");
             ExitCode::from(EXIT_CONFIG)
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
 }
 
 enum Failure {
+    Usage(String),
     Config(String),
     Runtime(String),
 }
@@ -107,6 +112,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::to_string(&report).expect("plain struct"));
             } else {
                 print!("{}", report.render());
+            }
+        }
+        Command::PlanStorm(args) => {
+            let report = gateway::plan::simulate(&args.to_model()).map_err(|e| Failure::Config(e.to_string()))?;
+            if args.json {
+                println!("{}", serde_json::to_string(&report).expect("plain struct"));
+            } else {
+                print!("{}", report.render());
+            }
+        }
+        Command::Token { device, epoch, ttl, device_secret_file, data_dir } => {
+            let secret = identity::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
+            let exp = gateway::proposer::now_ms() / 1000 + ttl;
+            match gateway::ws::auth::mint(&secret, &device, epoch, exp) {
+                Ok(token) => println!("{token}"),
+                Err(e) => return Err(Failure::Usage(e.to_string())),
             }
         }
         Command::Watch { cluster, interval_ms, secret } => {

@@ -5,6 +5,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,6 +28,14 @@ pub struct Metrics {
     /// Snapshots this node built from its state, and snapshots it installed from a leader.
     pub snapshots_built: Counter,
     pub snapshots_installed: Counter,
+    /// Device handshakes by result (`accepted`, `redirected`, or the refusal reason).
+    pub handshakes: Family<ResultLabel, Counter>,
+    /// Time for a handshake's claim to commit.
+    pub claim_seconds: Histogram,
+    /// Connections this node closed because a newer claim took the device over (4001).
+    pub kicks: Counter,
+    /// Live device connections on this node.
+    pub connections: Gauge,
     /// Nodes this node swept as leader.
     pub nodes_expired: Counter,
     pub raft_term: Gauge,
@@ -52,6 +61,10 @@ impl Default for Metrics {
             proposed_batches: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
+            handshakes: Family::default(),
+            claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            kicks: Counter::default(),
+            connections: Gauge::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
             raft_term: Gauge::default(),
@@ -78,6 +91,10 @@ impl Default for Metrics {
             m.proposed_batches.clone(),
         );
         registry.register("claims", "Route claims by result", m.claims.clone());
+        registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
+        registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
+        registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
+        registry.register("connections", "Live device connections", m.connections.clone());
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
         registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());

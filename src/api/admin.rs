@@ -13,6 +13,7 @@ use crate::node::membership::{self, MembershipError};
 use crate::proposer::{now_ms, ProposeError};
 use crate::raft::types::{Command, LeaseState, Member, NodeId, Reply};
 use crate::status::{MemberStatus, NodeRef, RingStatus, StatusReport};
+use crate::ws::auth::valid_device_id;
 
 /// Builds this node's status report from its Raft metrics and applied view.
 pub fn report(api: &Api) -> StatusReport {
@@ -253,13 +254,8 @@ pub fn removed(api: &Api) -> Resp {
     json(StatusCode::OK, &serde_json::json!({"stopping": true}))
 }
 
-/// Device ids: 1-128 bytes of `[A-Za-z0-9._:@-]`.
-pub fn valid_device(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
-}
-
 pub async fn route(api: &Api, device: &str) -> Resp {
-    if !valid_device(device) {
+    if !valid_device_id(device) {
         return error(StatusCode::BAD_REQUEST, "bad_device_id", "device ids are 1-128 characters of [A-Za-z0-9._:@-]");
     }
     let db = api.state.clone();
@@ -296,7 +292,7 @@ struct ClaimRequest {
 
 /// Claims a device for this node through Raft (the handshake's claim, callable by operators/benches).
 pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
-    if !valid_device(device) {
+    if !valid_device_id(device) {
         return error(StatusCode::BAD_REQUEST, "bad_device_id", "device ids are 1-128 characters of [A-Za-z0-9._:@-]");
     }
     let req: ClaimRequest = match serde_json::from_slice(body) {

@@ -173,27 +173,3 @@ pub(crate) fn binary(bytes: Vec<u8>) -> Resp {
         .body(Full::new(Bytes::from(bytes)))
         .expect("static response parts")
 }
-
-/// The public listener until the device protocol is served there: every request gets a JSON 404.
-pub async fn run_public(listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
-        };
-        tokio::spawn(async move {
-            let svc = service_fn(|req: Request<Incoming>| async move {
-                Ok::<_, Infallible>(error(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    &format!("no route for {}", req.uri().path()),
-                ))
-            });
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}

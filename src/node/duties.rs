@@ -14,9 +14,18 @@ use crate::config::Timing;
 use crate::metrics::Metrics;
 use crate::proposer::{now_ms, Proposer};
 use crate::raft::types::{Command, LeaseState, NodeId, Raft, Reply};
+use crate::ws::registry::Registry;
 
 /// Renews this node's lease while it is a member.
-pub async fn renew_loop(me: NodeId, proposer: Proposer, view: ClusterWatch, timing: Timing, cancel: CancellationToken) {
+/// The renewal carries this node's connection count, which placement's load overlay reads.
+pub async fn renew_loop(
+    me: NodeId,
+    proposer: Proposer,
+    view: ClusterWatch,
+    timing: Timing,
+    sessions: Registry,
+    cancel: CancellationToken,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis((timing.lease_ms / 3).max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -27,7 +36,8 @@ pub async fn renew_loop(me: NodeId, proposer: Proposer, view: ClusterWatch, timi
         if view.borrow().member(me).is_none() {
             continue;
         }
-        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections: 0, draining: false };
+        let connections = sessions.len() as u64;
+        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections, draining: false };
         if let Err(e) = proposer.propose(cmd).await {
             tracing::warn!(error = %e, "lease renewal did not commit");
         }

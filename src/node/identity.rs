@@ -86,17 +86,23 @@ pub fn secret(
     }
 }
 
-/// Reads a secret for the CLI: `$GATEWAY_CLUSTER_SECRET`, the file, or the data dir's generated one.
+/// Reads the cluster secret for the CLI: `$GATEWAY_CLUSTER_SECRET`, the file, or the data dir's generated one.
 pub fn cli_cluster_secret(file: Option<&Path>, dir: &Path) -> Result<Vec<u8>, NodeError> {
-    if let Ok(v) = std::env::var("GATEWAY_CLUSTER_SECRET") {
-        return check(trim(v.into_bytes()), "GATEWAY_CLUSTER_SECRET");
+    cli_secret("GATEWAY_CLUSTER_SECRET", "--cluster-secret-file", file, &dir.join("cluster.secret"))
+}
+
+/// Reads the device secret for `gateway token`, the same way.
+pub fn cli_device_secret(file: Option<&Path>, dir: &Path) -> Result<Vec<u8>, NodeError> {
+    cli_secret("GATEWAY_DEVICE_SECRET", "--device-secret-file", file, &dir.join("device.secret"))
+}
+
+fn cli_secret(env_var: &str, flag: &str, file: Option<&Path>, generated: &Path) -> Result<Vec<u8>, NodeError> {
+    if let Ok(v) = std::env::var(env_var) {
+        return check(trim(v.into_bytes()), env_var);
     }
-    let path = file.map_or_else(|| dir.join("cluster.secret"), Path::to_path_buf);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        NodeError::Config(format!(
-            "cannot read the cluster secret {}: {e} (pass --cluster-secret-file or set GATEWAY_CLUSTER_SECRET)",
-            path.display()
-        ))
+    let path = file.unwrap_or(generated);
+    let bytes = std::fs::read(path).map_err(|e| {
+        NodeError::Config(format!("cannot read the secret {}: {e} (pass {flag} or set {env_var})", path.display()))
     })?;
     check(trim(bytes), &path.display().to_string())
 }

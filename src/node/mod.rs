@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::api::{self, Api};
 use crate::config::{Config, Start};
@@ -21,9 +23,24 @@ use crate::proposer::Proposer;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::Network;
 use crate::raft::state_machine::StateMachine;
+use crate::raft::types::{Floor, Route};
 use crate::raft::types::{Member, Raft};
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
+use crate::ws::admission::Admission;
+use crate::ws::auth::Verifier;
+use crate::ws::registry::Registry;
+use crate::ws::session::SessionConfig;
+use crate::ws::{self, Gate, Mode, RouteLookup};
+
+/// The device listener's view of the store: point lookups only.
+struct StoreLookup(StateDb);
+
+impl RouteLookup for StoreLookup {
+    fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String> {
+        self.0.route(device).map_err(|e| e.to_string())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -49,7 +66,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         &cfg.data_dir,
         "cluster.secret",
     )?;
-    let (_device_secret, device_secret_src) =
+    let (device_secret, device_secret_src) =
         identity::secret("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), &cfg.data_dir, "device.secret")?;
     let member = Member { name: ident.name.clone(), cluster_addr: cfg.cluster_addr(), public_url: cfg.public_url() };
     let span = tracing::info_span!("node", name = %ident.name, id = ident.id);
@@ -63,6 +80,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
     let (sm, view) = StateMachine::new(state_db.clone(), meta, metrics.clone());
+    let apply_events = sm.events();
     let t = &cfg.timing;
     let raft_config = openraft::Config {
         cluster_name: "gateway".into(),
@@ -108,7 +126,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         raft: raft.clone(),
         proposer: proposer.clone(),
         view: view.clone(),
-        state: state_db,
+        state: state_db.clone(),
         timing: t.clone(),
         secret: Arc::new(cluster_secret.clone()),
         http: http.clone(),
@@ -116,10 +134,42 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         metrics: metrics.clone(),
         stop: stop.clone(),
     });
+    let registry = Registry::default();
+    let (_mode_tx, mode) = watch::channel(Mode::Serving);
+    let d = &cfg.device;
+    let gate = Arc::new(Gate {
+        me: ident.id,
+        name: ident.name.clone(),
+        admission: Admission::new(d.admit_rate, d.admit_burst),
+        verifier: Verifier::new(&device_secret),
+        view: view.clone(),
+        mode,
+        proposer: proposer.clone(),
+        routes: Arc::new(StoreLookup(state_db)),
+        registry: registry.clone(),
+        handshake_timeout: Duration::from_millis(d.handshake_timeout_ms),
+        header_read_timeout: Duration::from_millis(d.header_read_timeout_ms),
+        session: SessionConfig {
+            ping_ms: d.ping_ms,
+            idle_ms: d.idle_ms,
+            max_message_bytes: d.max_message_bytes,
+            send_queue: d.send_queue,
+        },
+        metrics: metrics.clone(),
+        tracker: TaskTracker::new(),
+    });
     let mut handles = vec![
         tokio::spawn(api::run(cluster_listener, api, tasks.clone())),
-        tokio::spawn(api::run_public(public_listener, tasks.clone())),
-        tokio::spawn(duties::renew_loop(ident.id, proposer.clone(), view.clone(), t.clone(), tasks.clone())),
+        tokio::spawn(ws::run(public_listener, gate.clone(), tasks.clone())),
+        tokio::spawn(ws::enforce_routes(gate.clone(), apply_events, tasks.clone())),
+        tokio::spawn(duties::renew_loop(
+            ident.id,
+            proposer.clone(),
+            view.clone(),
+            t.clone(),
+            registry.clone(),
+            tasks.clone(),
+        )),
         tokio::spawn(duties::leader_loop(
             ident.id,
             raft.clone(),

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
-use super::types::{Entry, LogId, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
-use crate::cluster::ClusterView;
+use super::types::{Entry, LogId, Reply, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::cluster::{ApplyEvent, ClusterView};
 use crate::codec::encode;
 use crate::metrics::Metrics;
 use crate::store::state::{Meta, StateDb};
@@ -22,13 +22,20 @@ pub struct StateMachine {
     view: watch::Sender<Arc<ClusterView>>,
     snapshots_built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
+    events: broadcast::Sender<ApplyEvent>,
 }
 
 impl StateMachine {
     /// Opens on `db` with its loaded `meta` and publishes the first view.
     pub fn new(db: StateDb, meta: Meta, metrics: Arc<Metrics>) -> (StateMachine, watch::Receiver<Arc<ClusterView>>) {
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(meta.clone(), None)));
-        (StateMachine { db, meta, view, snapshots_built: Arc::default(), metrics }, rx)
+        let (events, _) = broadcast::channel(4096);
+        (StateMachine { db, meta, view, snapshots_built: Arc::default(), metrics, events }, rx)
+    }
+
+    /// Subscribes to what applies did (kicks and sweeps); a lagging subscriber must reconcile.
+    pub fn events(&self) -> broadcast::Receiver<ApplyEvent> {
+        self.events.subscribe()
     }
 
     /// A read handle for point lookups (routes) outside the Raft core.
@@ -73,6 +80,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (responses, meta) =
             blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || db.apply(&meta, entries)).await?;
         self.publish(meta);
+        for reply in responses.iter().flat_map(|r| &r.replies) {
+            let ev = match reply {
+                Reply::Accepted { superseded: Some(s), .. } => ApplyEvent::Superseded { node: s.node, conn: s.conn },
+                Reply::Swept { expired, .. } if !expired.is_empty() => ApplyEvent::Swept { nodes: expired.clone() },
+                _ => continue,
+            };
+            // No subscriber (tests, or before the device listener starts) is fine.
+            let _ = self.events.send(ev);
+        }
         Ok(responses)
     }
 

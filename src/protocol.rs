@@ -1,0 +1,69 @@
+//! The device wire protocol shared by server and client: JSON frames tagged by `t`, and the close
+//! codes (design §4). Leaf module: imports nothing of the crate.
+
+use serde::{Deserialize, Serialize};
+
+/// Close codes a device can see, and what it should do about each.
+pub mod close {
+    /// Normal closure (idle timeout, client asked).
+    pub const NORMAL: u16 = 1000;
+    /// The node is draining: reconnect promptly, elsewhere.
+    pub const GOING_AWAY: u16 = 1001;
+    /// A frame the protocol does not allow (bad JSON, binary frames, protocol errors).
+    pub const POLICY: u16 = 1008;
+    /// A message over the size limit.
+    pub const TOO_BIG: u16 = 1009;
+    /// The node lost its quorum or lease: reconnect with backoff.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// A newer claim for this device won: another instance of the device took over. Do not reconnect.
+    pub const SUPERSEDED: u16 = 4001;
+    /// This node's lease lapsed and its routes were swept: reconnect with backoff.
+    pub const ROUTE_LOST: u16 = 4002;
+}
+
+/// Frames the server sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ServerFrame {
+    /// First frame after the upgrade.
+    Hello { device: String, node: String, node_id: u64, conn: u64, route_version: u64 },
+    /// The node is draining; a close 1001 follows.
+    Goaway { reason: String },
+    /// Answer to a client `ping`.
+    Pong,
+    /// A client frame was not understood (the connection stays open).
+    Error { error: String },
+}
+
+/// Frames a device sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum ClientFrame {
+    /// Application-level liveness check; answered with `pong`.
+    Ping,
+}
+
+impl ServerFrame {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain enum")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_have_the_documented_shape() {
+        let hello =
+            ServerFrame::Hello { device: "d1".into(), node: "n1".into(), node_id: 7, conn: 9, route_version: 3 };
+        let v: serde_json::Value = serde_json::from_str(&hello.to_json()).unwrap();
+        assert_eq!(v["t"], "hello");
+        assert_eq!(v["route_version"], 3);
+        let g: serde_json::Value =
+            serde_json::from_str(&ServerFrame::Goaway { reason: "drain".into() }.to_json()).unwrap();
+        assert_eq!((g["t"].as_str(), g["reason"].as_str()), (Some("goaway"), Some("drain")));
+        assert_eq!(serde_json::from_str::<ClientFrame>(r#"{"t":"ping"}"#).unwrap(), ClientFrame::Ping);
+        assert!(serde_json::from_str::<ClientFrame>(r#"{"t":"nope"}"#).is_err());
+    }
+}

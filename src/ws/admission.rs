@@ -1,0 +1,125 @@
+//! Admission control (V4): one token bucket per node, consulted before anything of a handshake is
+//! parsed. In any window of length T it admits at most `burst + rate·T` handshakes; a refusal says
+//! when the next token will be there (`Retry-After`, whole seconds, at least 1). Pure over an
+//! injected `Instant`, so it reads no clock of its own.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A token bucket: starts full with `burst` tokens and refills `rate` tokens per second.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate_per_s: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// `rate_per_s` > 0 and `burst` ≥ 1 (validated by the config).
+    pub fn new(rate_per_s: f64, burst: u32, now: Instant) -> TokenBucket {
+        let burst = f64::from(burst.max(1));
+        TokenBucket { rate_per_s, burst, tokens: burst, last: now }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate_per_s).min(self.burst);
+        self.last = self.last.max(now);
+    }
+
+    /// Takes one token, or answers how long until one is available.
+    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate_per_s))
+        }
+    }
+}
+
+/// The node's admission gate, shared by every handshake.
+#[derive(Debug)]
+pub struct Admission {
+    bucket: Mutex<TokenBucket>,
+}
+
+impl Admission {
+    pub fn new(rate_per_s: f64, burst: u32) -> Admission {
+        Admission { bucket: Mutex::new(TokenBucket::new(rate_per_s, burst, Instant::now())) }
+    }
+
+    /// `Ok` to go on with the handshake, or `Err(retry_after_secs)` (≥ 1) for a 429.
+    pub fn admit(&self) -> Result<(), u64> {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        bucket.try_take(Instant::now()).map_err(retry_after_secs)
+    }
+}
+
+/// `Retry-After` in whole seconds: rounded up, never 0 (a client must not retry at once).
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_secs_f64().ceil() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn starts_full_then_refills_at_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10.0, 3, t0);
+        for _ in 0..3 {
+            assert!(b.try_take(t0).is_ok());
+        }
+        let wait = b.try_take(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-9, "{wait:?}");
+        assert!(b.try_take(t0 + Duration::from_millis(99)).is_err());
+        assert!(b.try_take(t0 + Duration::from_millis(100)).is_ok());
+        // A long idle period refills only up to the burst.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert!(b.try_take(later).is_ok());
+        }
+        assert!(b.try_take(later).is_err());
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_and_never_zero() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+
+    proptest! {
+        /// V4: in every window of length T the bucket admits at most burst + rate·T.
+        #[test]
+        fn never_admits_more_than_burst_plus_rate_times_window(
+            rate in 1u32..500,
+            burst in 1u32..50,
+            gaps_us in proptest::collection::vec(0u64..20_000, 1..400),
+            window_ms in 1u64..2_000,
+        ) {
+            let t0 = Instant::now();
+            let mut b = TokenBucket::new(f64::from(rate), burst, t0);
+            let mut now = t0;
+            let mut admitted = Vec::new();
+            for gap in gaps_us {
+                now += Duration::from_micros(gap);
+                if b.try_take(now).is_ok() {
+                    admitted.push(now);
+                }
+            }
+            let window = Duration::from_millis(window_ms);
+            let limit = f64::from(burst) + f64::from(rate) * window.as_secs_f64();
+            for (i, start) in admitted.iter().enumerate() {
+                let in_window = admitted[i..].iter().take_while(|t| **t - *start <= window).count();
+                prop_assert!(in_window as f64 <= limit + 1e-6, "{in_window} admitted in {window:?}, limit {limit}");
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The device side of a node: admission, device-token authentication, placement, the handshake,
+//! the session loop and the session registry. Sees the cluster only through [`ClusterWatch`], the
+//! proposer and a [`RouteLookup`] — never redb.
+
+pub mod admission;
+pub mod auth;
+pub mod handshake;
+pub mod placement;
+pub mod registry;
+pub mod session;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::cluster::{ApplyEvent, ClusterWatch};
+use crate::metrics::Metrics;
+use crate::proposer::Proposer;
+use crate::protocol::close;
+use crate::raft::types::{Floor, NodeId, Route};
+
+/// Whether this node takes devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Serving,
+    /// Draining (SIGTERM / `gateway drain`): new handshakes get 503.
+    Draining,
+    /// No lease renewal committed for too long (V7): 503 and connections closed with 1013.
+    Fenced,
+}
+
+/// Point lookups of the applied state (implemented over the store by the composition root).
+pub trait RouteLookup: Send + Sync + 'static {
+    fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String>;
+}
+
+/// Everything the device listener needs.
+pub struct Gate {
+    pub me: NodeId,
+    pub name: String,
+    pub admission: admission::Admission,
+    pub verifier: auth::Verifier,
+    pub view: ClusterWatch,
+    pub mode: watch::Receiver<Mode>,
+    pub proposer: Proposer,
+    pub routes: Arc<dyn RouteLookup>,
+    pub registry: registry::Registry,
+    pub handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub session: session::SessionConfig,
+    pub metrics: Arc<Metrics>,
+    /// Sessions are tracked here (hyper stops tracking upgraded connections).
+    pub tracker: TaskTracker,
+}
+
+fn not_found(path: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({"error": "not_found", "message": format!("no route for {path}")});
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("static response parts")
+}
+
+async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/ws") => handshake::handshake(g, req).await,
+        (&Method::GET, "/v1/placement") => handshake::placement(g, req).await,
+        (&Method::GET, "/healthz") => Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}"))),
+        (_, path) => not_found(path),
+    }
+}
+
+/// Serves the public listener until `shutdown` fires.
+pub async fn run(listener: TcpListener, gate: Arc<Gate>, shutdown: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tracing::warn!(error = %e, "public listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let g = gate.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let timeout = g.header_read_timeout;
+            let svc = service_fn(move |req| {
+                let g = g.clone();
+                async move { Ok::<_, Infallible>(route(g, req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout)
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+        });
+    }
+}
+
+/// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer
+/// claim took the device over, 4002 when a sweep removed this node's routes.
+pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<ApplyEvent>, shutdown: CancellationToken) {
+    loop {
+        let ev = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            ev = events.recv() => ev,
+        };
+        match ev {
+            Ok(ApplyEvent::Superseded { node, conn }) if node == gate.me => {
+                handshake::kick(&gate, conn, close::SUPERSEDED, "superseded by a newer claim");
+            }
+            Ok(ApplyEvent::Swept { nodes }) if nodes.contains(&gate.me) => {
+                for (conn, _) in gate.registry.sessions() {
+                    handshake::kick(&gate, conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
+                }
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "apply events lagged; reconciling sessions with the routes");
+                reconcile(&gate).await;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Closes every session whose route no longer names it (4001 if another conn holds it, else 4002).
+pub async fn reconcile(gate: &Arc<Gate>) {
+    for (conn, device) in gate.registry.sessions() {
+        let lookup = gate.routes.clone();
+        let d = device.clone();
+        let Ok(Ok((route, _))) = tokio::task::spawn_blocking(move || lookup.lookup(&d)).await else {
+            continue;
+        };
+        match route {
+            Some(r) if r.node == gate.me && r.conn == conn => {}
+            Some(_) => {
+                handshake::kick(gate, conn, close::SUPERSEDED, "superseded by a newer claim");
+            }
+            None => {
+                handshake::kick(gate, conn, close::ROUTE_LOST, "route lost");
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Placement (design §2): where a device should connect. Its current route's node if that node is
+//! live; else the node of its last accepted claim if live; else the ring owner, skipping nodes
+//! whose connection count exceeds 1.3 × the live mean. Never a node whose lease has lapsed, and
+//! never the `fallback` node the device reported unreachable. Pure over its inputs.
+
+use crate::cluster::ClusterView;
+use crate::raft::types::{Floor, LeaseState, NodeId, Route};
+
+/// Load overlay factor: a node above this multiple of the mean is skipped by the ring step.
+pub const OVERLOAD: f64 = 1.3;
+
+/// Whether `id` may receive devices: a member, applied state live, and its lease not lapsed at `now_ms`.
+pub fn is_live(view: &ClusterView, id: NodeId, now_ms: u64) -> bool {
+    view.member(id).is_some()
+        && view.lease(id).is_some_and(|l| l.state == LeaseState::Live && l.lease_until_ms > now_ms)
+}
+
+/// The node `device` should connect to, or None if no node is live.
+pub fn place(
+    view: &ClusterView,
+    device: &str,
+    route: Option<&Route>,
+    floor: Option<&Floor>,
+    exclude: Option<NodeId>,
+    now_ms: u64,
+) -> Option<NodeId> {
+    let ok = |id: NodeId| Some(id) != exclude && is_live(view, id, now_ms);
+    if let Some(r) = route.filter(|r| ok(r.node)) {
+        return Some(r.node);
+    }
+    if let Some(f) = floor.filter(|f| ok(f.last_node)) {
+        return Some(f.last_node);
+    }
+    let live: Vec<(NodeId, u64)> = view
+        .members()
+        .filter(|(id, _)| ok(*id))
+        .map(|(id, _)| (id, view.lease(id).map_or(0, |l| l.connections)))
+        .collect();
+    if live.is_empty() {
+        return None;
+    }
+    let mean = live.iter().map(|(_, c)| *c as f64).sum::<f64>() / live.len() as f64;
+    let id_of = |name: &str| view.id_of_name(name);
+    let usable = |name: &str, overlay: bool| {
+        id_of(name).is_some_and(|id| {
+            live.iter().any(|(l, c)| *l == id && (!overlay || mean == 0.0 || (*c as f64) <= OVERLOAD * mean))
+        })
+    };
+    let key = device.as_bytes();
+    view.ring
+        .owner_skipping(key, |name| !usable(name, true))
+        .or_else(|| view.ring.owner_skipping(key, |name| !usable(name, false)))
+        .and_then(id_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::types::{Member, NodeLease};
+    use crate::store::state::Meta;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn view(leases: &[(NodeId, LeaseState, u64, u64)]) -> ClusterView {
+        let nodes: BTreeMap<NodeId, Member> = leases
+            .iter()
+            .map(|(id, ..)| {
+                (*id, Member { name: format!("n{id}"), cluster_addr: format!("a{id}"), public_url: String::new() })
+            })
+            .collect();
+        let voters: BTreeSet<NodeId> = nodes.keys().copied().collect();
+        let membership = openraft::Membership::new(vec![voters], nodes);
+        let mut meta = Meta { membership: openraft::StoredMembership::new(None, membership), ..Default::default() };
+        for (id, state, until, conns) in leases {
+            meta.nodes.insert(*id, NodeLease { lease_until_ms: *until, state: *state, connections: *conns, routes: 0 });
+        }
+        ClusterView::new(meta, None)
+    }
+
+    const NOW: u64 = 1_000;
+
+    #[test]
+    fn route_then_floor_then_ring() {
+        let v =
+            view(&[(1, LeaseState::Live, 5_000, 0), (2, LeaseState::Live, 5_000, 0), (3, LeaseState::Live, 5_000, 0)]);
+        let route = Route { node: 2, conn: 1, version: 1 };
+        let floor = Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node: 3 };
+        assert_eq!(place(&v, "d", Some(&route), Some(&floor), None, NOW), Some(2));
+        assert_eq!(place(&v, "d", None, Some(&floor), None, NOW), Some(3));
+        let owner = place(&v, "d", None, None, None, NOW).unwrap();
+        assert_eq!(v.member(owner).unwrap().name, v.ring.owner(b"d").unwrap());
+        // The reported-unreachable node is never chosen.
+        assert_ne!(place(&v, "d", Some(&route), None, Some(2), NOW), Some(2));
+    }
+
+    #[test]
+    fn never_a_lapsed_draining_or_expired_node() {
+        let v = view(&[
+            (1, LeaseState::Live, 500, 0),
+            (2, LeaseState::Draining, 5_000, 0),
+            (3, LeaseState::Expired, 5_000, 0),
+        ]);
+        let route = Route { node: 1, conn: 1, version: 1 };
+        assert_eq!(place(&v, "d", Some(&route), None, None, NOW), None, "lease of n1 lapsed at 500 < now");
+        let v = view(&[(1, LeaseState::Live, 5_000, 0), (2, LeaseState::Draining, 5_000, 0)]);
+        for d in 0..50 {
+            assert_eq!(place(&v, &format!("d{d}"), None, None, None, NOW), Some(1));
+        }
+    }
+
+    #[test]
+    fn overloaded_nodes_are_skipped_by_the_ring_step() {
+        // n1 holds far more than 1.3x the mean: no new device lands there while others are fine.
+        let v = view(&[
+            (1, LeaseState::Live, 5_000, 1000),
+            (2, LeaseState::Live, 5_000, 10),
+            (3, LeaseState::Live, 5_000, 10),
+        ]);
+        for d in 0..200 {
+            assert_ne!(place(&v, &format!("d{d}"), None, None, None, NOW), Some(1));
+        }
+    }
+}
