@@ -92,6 +92,36 @@ impl Admin {
         self.parse(addr, res).await
     }
 
+    /// Asks the node at `addr` to drain.
+    pub async fn drain(&self, addr: &str) -> Result<serde_json::Value, AdminError> {
+        let res = self.http.post_json(addr, "/cluster/drain", &serde_json::json!({}), CALL_TIMEOUT).await;
+        self.parse(addr, res).await
+    }
+
+    /// Waits until the draining node at `addr` has exited, reporting its remaining connections.
+    pub async fn wait_drained(&self, addr: &str, progress: &mut (dyn FnMut(&str) + Send)) -> Result<(), AdminError> {
+        let mut last = None;
+        loop {
+            match self.status(addr).await {
+                Ok(s) => {
+                    let me = s.members.iter().find(|m| m.id == s.node.id);
+                    let line = me
+                        .map(|m| format!("{}: {} {} connections, {} routes", m.name, m.state, m.connections, m.routes));
+                    if line.is_some() && line != last {
+                        progress(line.as_deref().unwrap_or_default());
+                        last = line;
+                    }
+                }
+                Err(AdminError::Http(HttpError::Connect { .. })) => {
+                    progress(&format!("{addr}: drained and stopped"));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     pub async fn leave(&self, addr: &str, node: &str) -> Result<LeaveReply, AdminError> {
         let res = self.http.post_json(addr, "/cluster/leave", &LeaveRequest { node: node.into() }, CALL_TIMEOUT).await;
         self.parse(addr, res).await

@@ -51,6 +51,17 @@ pub enum Command {
         #[command(flatten)]
         secret: SecretArgs,
     },
+    /// Drain a node (as SIGTERM does): refuse handshakes, leave the ring, move its devices away, exit.
+    Drain {
+        /// Cluster address (host:port) of the node to drain.
+        #[arg(long)]
+        node: String,
+        /// Wait until the node has drained and exited, printing progress.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
     /// Mint a device token (HS256 JWT: sub = device id, epoch = install epoch) with the device secret.
     Token {
         /// Device id: 1-128 characters of [A-Za-z0-9._:@-].
@@ -96,10 +107,13 @@ pub enum Command {
     /// - Within a slot, devices with the most failures so far are admitted first, until the
     ///   capacity runs out; the rest are refused.
     /// - After its n-th refusal (n = 0 first) a device waits d ms: --jitter none, exactly
-    ///   min(cap, base*2^n); --jitter full, uniform in [0, min(cap, base*2^n)]; with
-    ///   --retry-after-s R, d = max(d, R s) (the same header on every refusal; the default is no
-    ///   header). Its retry falls in the first slot starting at or after t + d, never in the
-    ///   slot that refused it.
+    ///   min(cap, base*2^n); --jitter full, uniform in [0, min(cap, base*2^n)]; then
+    ///   d = max(d, R s) with R = --retry-after-s, the Retry-After sent on every refusal.
+    ///   Its retry falls in the first slot starting at or after t + d, never in the slot that
+    ///   refused it.
+    /// - `gateway serve` is the token-bucket case (--admit-rate, --admit-burst per node) and
+    ///   sends Retry-After = time to its next token rounded up to whole seconds, at least 1:
+    ///   that is 1 s for any rate of at least 1/s, hence the default R = 1 with --rate.
     /// - The run ends when every device is connected, or after --max-seconds.
     ///
     /// With --jitter none and --initial-jitter off the result does not depend on --seed.
@@ -199,6 +213,12 @@ pub struct ServeArgs {
     /// Frames queued per connection [default: 256].
     #[arg(long, env = "GATEWAY_SEND_QUEUE")]
     pub send_queue: Option<usize>,
+    /// Connections told to go away per second while draining [default: 500].
+    #[arg(long, env = "GATEWAY_DRAIN_RATE")]
+    pub drain_rate: Option<f64>,
+    /// Longest a drain waits for devices to leave [default: 30000].
+    #[arg(long, env = "GATEWAY_DRAIN_TIMEOUT_MS")]
+    pub drain_timeout_ms: Option<u64>,
 }
 
 impl ServeArgs {
@@ -229,6 +249,8 @@ impl ServeArgs {
             header_read_timeout_ms: self.header_read_timeout_ms,
             max_message_bytes: self.max_message_bytes,
             send_queue: self.send_queue,
+            drain_rate: self.drain_rate,
+            drain_timeout_ms: self.drain_timeout_ms,
         }
     }
 }
@@ -267,7 +289,8 @@ pub struct PlanStormArgs {
     /// Whether the first reconnect waits uniform [0, base] (on) or happens at t = 0 (off).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub initial_jitter: Switch,
-    /// Model a `Retry-After` of this many seconds on every refusal, used as a floor.
+    /// `Retry-After` seconds sent with every refusal, a floor for the wait; 0 = no header
+    /// [default: 1 with --rate, as `gateway serve` sends; 0 with --per-slot].
     #[arg(long)]
     pub retry_after_s: Option<u64>,
     /// Seed of the model's random draws.
@@ -313,7 +336,7 @@ impl PlanStormArgs {
                 JitterArg::Full => Jitter::Full,
             },
             initial_jitter: self.initial_jitter == Switch::On,
-            retry_after_s: self.retry_after_s,
+            retry_after_s: self.retry_after_s.unwrap_or(if self.per_slot.is_some() { 0 } else { 1 }),
             seed: self.seed,
             max_seconds: self.max_seconds,
         }

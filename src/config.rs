@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub header_read_timeout_ms: Option<u64>,
     pub max_message_bytes: Option<usize>,
     pub send_queue: Option<usize>,
+    pub drain_rate: Option<f64>,
+    pub drain_timeout_ms: Option<u64>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -87,6 +89,10 @@ pub struct DeviceConfig {
     pub max_message_bytes: usize,
     /// Frames queued for one connection before replies are dropped.
     pub send_queue: usize,
+    /// Connections told to go away per second while draining.
+    pub drain_rate: f64,
+    /// Longest a drain waits for its devices to leave before releasing the rest.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for DeviceConfig {
@@ -100,6 +106,8 @@ impl Default for DeviceConfig {
             header_read_timeout_ms: 5_000,
             max_message_bytes: 64 * 1024,
             send_queue: 256,
+            drain_rate: 500.0,
+            drain_timeout_ms: 30_000,
         }
     }
 }
@@ -178,6 +186,8 @@ impl Config {
                 .unwrap_or(dd.header_read_timeout_ms),
             max_message_bytes: flags.max_message_bytes.or(file.max_message_bytes).unwrap_or(dd.max_message_bytes),
             send_queue: flags.send_queue.or(file.send_queue).unwrap_or(dd.send_queue),
+            drain_rate: flags.drain_rate.or(file.drain_rate).unwrap_or(dd.drain_rate),
+            drain_timeout_ms: flags.drain_timeout_ms.or(file.drain_timeout_ms).unwrap_or(dd.drain_timeout_ms),
         };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
@@ -238,6 +248,9 @@ impl Config {
         }
         if !(d.admit_rate > 0.0 && d.admit_rate.is_finite()) || d.admit_burst == 0 {
             return bad(format!("admit_rate ({}) and admit_burst ({}) must be positive", d.admit_rate, d.admit_burst));
+        }
+        if !(d.drain_rate > 0.0 && d.drain_rate.is_finite()) {
+            return bad(format!("drain_rate ({}) must be positive", d.drain_rate));
         }
         if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
             return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());

@@ -122,6 +122,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print!("{}", report.render());
             }
         }
+        Command::Drain { node, wait, secret } => {
+            let admin = admin(&secret)?;
+            admin.drain(&node).await?;
+            println!("{node}: draining");
+            if wait {
+                admin.wait_drained(&node, &mut |line| println!("{line}")).await?;
+            }
+        }
         Command::Token { device, epoch, ttl, device_secret_file, data_dir } => {
             let secret = identity::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
             let exp = gateway::proposer::now_ms() / 1000 + ttl;

@@ -34,6 +34,10 @@ pub struct Metrics {
     pub claim_seconds: Histogram,
     /// Connections this node closed because a newer claim took the device over (4001).
     pub kicks: Counter,
+    /// Connections told to go away by a drain.
+    pub drained: Counter,
+    /// Times this node fenced itself because no lease renewal committed.
+    pub fence_events: Counter,
     /// Live device connections on this node.
     pub connections: Gauge,
     /// Nodes this node swept as leader.
@@ -65,6 +69,8 @@ impl Default for Metrics {
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
+            drained: Counter::default(),
+            fence_events: Counter::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
             raft_term: Gauge::default(),
@@ -94,6 +100,8 @@ impl Default for Metrics {
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
         registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
+        registry.register("drained", "Connections sent goaway by a drain", m.drained.clone());
+        registry.register("fence_events", "Self-fencing events (no renewal committed)", m.fence_events.clone());
         registry.register("connections", "Live device connections", m.connections.clone());
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());

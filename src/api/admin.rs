@@ -95,14 +95,12 @@ pub fn metrics(api: &Api) -> Resp {
 pub fn readyz(api: &Api) -> Resp {
     let has_leader = api.raft.metrics().borrow().current_leader.is_some();
     let live = api.view.borrow().lease(api.me).is_some_and(|l| l.state == LeaseState::Live);
-    if has_leader && live {
-        json(StatusCode::OK, &serde_json::json!({"ready": true}))
-    } else {
-        json(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"ready": false, "leader_known": has_leader, "live": live}),
-        )
-    }
+    let mode = *api.mode.borrow();
+    let ready = has_leader && live && mode == crate::ws::Mode::Serving;
+    let body = serde_json::json!({
+        "ready": ready, "leader_known": has_leader, "live": live, "mode": format!("{mode:?}").to_lowercase(),
+    });
+    json(if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
 }
 
 /// Who this node is: `gateway join` asks the new node before asking the cluster to add it.
@@ -245,6 +243,13 @@ pub async fn leave(api: &Api, path: &str, body: &[u8]) -> Resp {
         json(StatusCode::OK, &serde_json::json!({"removed": id, "membership": membership::summary(&api.raft)}))
     })
     .await
+}
+
+/// Starts draining this node (it exits when done).
+pub fn drain(api: &Api) -> Resp {
+    tracing::info!("drain requested over the admin API");
+    api.drain.cancel();
+    json(StatusCode::ACCEPTED, &serde_json::json!({"draining": true, "node": api.member.name}))
 }
 
 /// The leader says this node was removed: stop.

@@ -54,6 +54,10 @@ pub struct Api {
     pub metrics: Arc<Metrics>,
     /// Cancelled to stop the node (e.g. when the leader says it was removed).
     pub stop: CancellationToken,
+    /// Serving, draining or fenced (readiness).
+    pub mode: tokio::sync::watch::Receiver<crate::ws::Mode>,
+    /// Cancelled to start a drain (`POST /cluster/drain`), as SIGTERM does.
+    pub drain: CancellationToken,
 }
 
 pub type Resp = Response<Full<Bytes>>;
@@ -137,6 +141,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["cluster", "promote"]) => admin::promote(api, &path, &body).await,
         (&Method::POST, ["cluster", "leave"]) => admin::leave(api, &path, &body).await,
         (&Method::POST, ["cluster", "removed"]) => admin::removed(api),
+        (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
         (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,
         _ => error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {method} {path}")),

@@ -3,9 +3,10 @@
 //! sweeps lapsed leases every `sweep_ms`. A node that sees itself removed from the membership stops.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::RngCore;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::membership;
@@ -15,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::proposer::{now_ms, Proposer};
 use crate::raft::types::{Command, LeaseState, NodeId, Raft, Reply};
 use crate::ws::registry::Registry;
+use crate::ws::Mode;
 
 /// Renews this node's lease while it is a member.
 /// The renewal carries this node's connection count, which placement's load overlay reads.
@@ -24,6 +26,8 @@ pub async fn renew_loop(
     view: ClusterWatch,
     timing: Timing,
     sessions: Registry,
+    mode: watch::Receiver<Mode>,
+    renewed: watch::Sender<Instant>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis((timing.lease_ms / 3).max(1)));
@@ -37,9 +41,16 @@ pub async fn renew_loop(
             continue;
         }
         let connections = sessions.len() as u64;
-        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections, draining: false };
-        if let Err(e) = proposer.propose(cmd).await {
-            tracing::warn!(error = %e, "lease renewal did not commit");
+        // A draining node keeps renewing (it is alive) but stays out of the ring.
+        let draining = *mode.borrow() == Mode::Draining;
+        let sent_at = Instant::now();
+        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections, draining };
+        match proposer.propose(cmd).await {
+            // The lease runs from about when the renewal was sent, so that is what fencing measures from.
+            Ok(_) => {
+                renewed.send_replace(sent_at);
+            }
+            Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod duties;
 pub mod identity;
+pub mod lifecycle;
 pub mod membership;
 
 use std::collections::BTreeMap;
@@ -112,6 +113,9 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
 
     let stop = CancellationToken::new();
+    let drain_requested = CancellationToken::new();
+    let (mode_tx, mode) = watch::channel(Mode::Serving);
+    let (renewed_tx, renewed_rx) = watch::channel(std::time::Instant::now());
     let tasks = stop.child_token();
     let proposer = Proposer::spawn(
         raft.clone(),
@@ -133,9 +137,10 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         committed,
         metrics: metrics.clone(),
         stop: stop.clone(),
+        mode: mode.clone(),
+        drain: drain_requested.clone(),
     });
     let registry = Registry::default();
-    let (_mode_tx, mode) = watch::channel(Mode::Serving);
     let d = &cfg.device;
     let gate = Arc::new(Gate {
         me: ident.id,
@@ -143,7 +148,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         admission: Admission::new(d.admit_rate, d.admit_burst),
         verifier: Verifier::new(&device_secret),
         view: view.clone(),
-        mode,
+        mode: mode.clone(),
         proposer: proposer.clone(),
         routes: Arc::new(StoreLookup(state_db)),
         registry: registry.clone(),
@@ -168,6 +173,8 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
             view.clone(),
             t.clone(),
             registry.clone(),
+            mode.clone(),
+            renewed_tx,
             tasks.clone(),
         )),
         tokio::spawn(duties::leader_loop(
@@ -181,6 +188,14 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         )),
         tokio::spawn(duties::watch_removal(ident.id, view.clone(), stop.clone())),
     ];
+    let mode_tx = Arc::new(mode_tx);
+    handles.push(tokio::spawn(lifecycle::fence_loop(
+        gate.clone(),
+        mode_tx.clone(),
+        renewed_rx,
+        Duration::from_millis(t.lease_ms),
+        tasks.clone(),
+    )));
 
     match (&cfg.start, fresh) {
         (Start::Bootstrap, true) => match raft.initialize(BTreeMap::from([(ident.id, member.clone())])).await {
@@ -215,9 +230,17 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         device_secret_src
     );
 
-    tokio::select! {
-        _ = shutdown_signal() => tracing::info!("signal received; stopping"),
-        _ = stop.cancelled() => {}
+    let drain = tokio::select! {
+        _ = shutdown_signal() => true,
+        _ = drain_requested.cancelled() => true,
+        _ = stop.cancelled() => false,
+    };
+    if drain {
+        let cfg = lifecycle::DrainConfig {
+            drain_rate: cfg.device.drain_rate,
+            drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
+        };
+        lifecycle::drain(ident.id, &gate, &mode_tx, &proposer, &cfg).await;
     }
     stop.cancel();
     if let Err(e) = raft.shutdown().await {

@@ -19,11 +19,12 @@
 //! - Within a slot, attempts are admitted most-failures-first (devices that have waited
 //!   longest), until capacity runs out; the rest are refused.
 //! - A device refused for the n-th time (n = 0 first) waits `d` ms: with jitter `none`,
-//!   exactly `min(cap, base·2^n)`; with `full`, uniform in `[0, min(cap, base·2^n)]`; then,
-//!   if a Retry-After is modelled, `d = max(d, retry_after)`. Its next attempt falls in the
-//!   first slot starting at or after `t + d`, and never in the slot that refused it.
-//! - Retry-After is optional: `retry_after_s` is the same whole number of seconds on every
-//!   refusal (a fixed header, not derived from the bucket).
+//!   exactly `min(cap, base·2^n)`; with `full`, uniform in `[0, min(cap, base·2^n)]`; then
+//!   `d = max(d, retry_after)`. Its next attempt falls in the first slot starting at or after
+//!   `t + d`, and never in the slot that refused it.
+//! - Retry-After: `retry_after_s` whole seconds on every refusal (0 = no header). The server's
+//!   admission (`ws::admission`) sends the time to its next token rounded up to whole seconds,
+//!   at least 1, which is exactly 1 s whenever the rate is at least 1/s.
 //! - The run stops when every device is connected or after `max_seconds` of simulated time.
 //!
 //! With jitter `none` and no initial jitter nothing is random: the seed does not matter.
@@ -67,7 +68,8 @@ pub struct StormModel {
     pub cap_ms: u64,
     pub jitter: Jitter,
     pub initial_jitter: bool,
-    pub retry_after_s: Option<u64>,
+    /// The `Retry-After` floor sent with every refusal; 0 = none.
+    pub retry_after_s: u64,
     pub seed: u64,
     pub max_seconds: u64,
 }

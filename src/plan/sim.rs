@@ -76,7 +76,7 @@ impl Gate {
 /// Runs the model (see the module docs) and returns its figures.
 pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
     let nodes = validate(m)?;
-    let max_delay_ms = m.cap_ms.max(m.base_ms).max(m.retry_after_s.unwrap_or(0).saturating_mul(1000));
+    let max_delay_ms = m.cap_ms.max(m.base_ms).max(m.retry_after_s.saturating_mul(1000));
     let ahead = max_delay_ms.div_ceil(m.slot_ms).max(1);
     if ahead > MAX_SLOTS_AHEAD {
         return Err(PlanError::TooManySlots {
@@ -100,7 +100,7 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
         Admission::PerSlot { per_slot } => Gate::PerSlot { per_slot, left: per_slot },
     };
     let (base, cap) = (Duration::from_millis(m.base_ms), Duration::from_millis(m.cap_ms));
-    let retry_after_ms = m.retry_after_s.map_or(0, |s| s.saturating_mul(1000));
+    let retry_after_ms = m.retry_after_s.saturating_mul(1000);
     let n = u64::from(m.devices);
     let thresholds = [n.div_ceil(2), (n * 99).div_ceil(100), n];
     let mut reached: [Option<u64>; 3] = if n == 0 { [Some(0); 3] } else { [None; 3] };

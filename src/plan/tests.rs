@@ -9,7 +9,7 @@ fn per_slot(devices: u32, per_slot: u64) -> StormModel {
         cap_ms: 30,
         jitter: Jitter::None,
         initial_jitter: false,
-        retry_after_s: None,
+        retry_after_s: 0,
         seed: 1,
         max_seconds: 3600,
     }
@@ -98,7 +98,7 @@ fn token_bucket_matches_hand_derivation() {
 fn retry_after_is_a_floor_in_the_model() {
     // 5 devices, 2 per slot, Retry-After 1 s dominates the 10–30 ms backoff:
     // slot 0: 2 in, 3 wait 1000 ms → slot 100: 2 in, 1 waits → slot 200: 1 in. 5+3+1 attempts.
-    let r = simulate(&StormModel { retry_after_s: Some(1), ..per_slot(5, 2) }).unwrap();
+    let r = simulate(&StormModel { retry_after_s: 1, ..per_slot(5, 2) }).unwrap();
     assert_eq!((r.total_attempts, r.all_connected_ms, r.peak_attempts_per_s), (9, Some(2000), 5));
 }
 
