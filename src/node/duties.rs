@@ -18,39 +18,43 @@ use crate::raft::types::{Command, LeaseState, NodeId, Raft, Reply};
 use crate::ws::registry::Registry;
 use crate::ws::Mode;
 
-/// Renews this node's lease while it is a member.
-/// The renewal carries this node's connection count, which placement's load overlay reads.
-pub async fn renew_loop(
-    me: NodeId,
-    proposer: Proposer,
-    view: ClusterWatch,
-    timing: Timing,
-    sessions: Registry,
-    mode: watch::Receiver<Mode>,
-    renewed: watch::Sender<Instant>,
-    cancel: CancellationToken,
-) {
-    let mut tick = tokio::time::interval(Duration::from_millis((timing.lease_ms / 3).max(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if view.borrow().member(me).is_none() {
-            continue;
-        }
-        let connections = sessions.len() as u64;
-        // A draining node keeps renewing (it is alive) but stays out of the ring.
-        let draining = *mode.borrow() == Mode::Draining;
-        let sent_at = Instant::now();
-        let cmd = Command::Renew { node: me, at_ms: 0, lease_ms: timing.lease_ms, connections, draining };
-        match proposer.propose(cmd).await {
-            // The lease runs from about when the renewal was sent, so that is what fencing measures from.
-            Ok(_) => {
-                renewed.send_replace(sent_at);
+/// Renews this node's lease every `lease/3` while it is a member. The renewal carries this
+/// node's connection count (placement's load overlay reads it) and whether it is draining.
+pub struct Renewer {
+    pub me: NodeId,
+    pub proposer: Proposer,
+    pub view: ClusterWatch,
+    pub lease_ms: u64,
+    pub sessions: Registry,
+    pub mode: watch::Receiver<Mode>,
+    /// When the last committed renewal was sent (fencing measures from it).
+    pub renewed: watch::Sender<Instant>,
+}
+
+impl Renewer {
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_millis((self.lease_ms / 3).max(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
             }
-            Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
+            if self.view.borrow().member(self.me).is_none() {
+                continue;
+            }
+            let connections = self.sessions.len() as u64;
+            // A draining node keeps renewing (it is alive) but stays out of the ring.
+            let draining = *self.mode.borrow() == Mode::Draining;
+            let sent_at = Instant::now();
+            let cmd = Command::Renew { node: self.me, at_ms: 0, lease_ms: self.lease_ms, connections, draining };
+            match self.proposer.propose(cmd).await {
+                // The lease runs from about when the renewal was sent: fencing measures from there.
+                Ok(_) => {
+                    self.renewed.send_replace(sent_at);
+                }
+                Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
+            }
         }
     }
 }

@@ -167,16 +167,18 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         tokio::spawn(api::run(cluster_listener, api, tasks.clone())),
         tokio::spawn(ws::run(public_listener, gate.clone(), tasks.clone())),
         tokio::spawn(ws::enforce_routes(gate.clone(), apply_events, tasks.clone())),
-        tokio::spawn(duties::renew_loop(
-            ident.id,
-            proposer.clone(),
-            view.clone(),
-            t.clone(),
-            registry.clone(),
-            mode.clone(),
-            renewed_tx,
-            tasks.clone(),
-        )),
+        tokio::spawn(
+            duties::Renewer {
+                me: ident.id,
+                proposer: proposer.clone(),
+                view: view.clone(),
+                lease_ms: t.lease_ms,
+                sessions: registry.clone(),
+                mode: mode.clone(),
+                renewed: renewed_tx,
+            }
+            .run(tasks.clone()),
+        ),
         tokio::spawn(duties::leader_loop(
             ident.id,
             raft.clone(),
