@@ -239,6 +239,16 @@ impl Config {
         if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 300 {
             return bad(format!("lease_ms ({}) must be >= 300 and >= 3 x heartbeat_ms", t.lease_ms));
         }
+        // A node fences itself when no renewal committed for 4/5 of a lease; renewals go out every
+        // lease/3 and an openraft 0.9 election can take up to ~4 election timeouts (followers
+        // honour the old leader's lease for 2 of them). A shorter lease fences every node during
+        // an ordinary failover.
+        if t.lease_ms < 8 * t.election_timeout_ms {
+            return bad(format!(
+                "lease_ms ({}) must be at least 8 x election_timeout_ms ({}), or an election fences every node",
+                t.lease_ms, t.election_timeout_ms
+            ));
+        }
         if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
             return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
         }
@@ -302,8 +312,13 @@ mod tests {
     #[test]
     fn refuses_bad_values_and_unknown_keys() {
         assert!(toml::from_str::<FileConfig>("leese_ms = 1").is_err());
-        for bad in ["max_voters = 4", "max_voters = 9", "election_timeout_ms = 100\nheartbeat_ms = 100", "sweep_ms = 0"]
-        {
+        for bad in [
+            "max_voters = 4",
+            "max_voters = 9",
+            "election_timeout_ms = 100\nheartbeat_ms = 100",
+            "sweep_ms = 0",
+            "lease_ms = 4000\nelection_timeout_ms = 1000",
+        ] {
             let file: FileConfig = toml::from_str(bad).unwrap();
             assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
         }

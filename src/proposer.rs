@@ -90,6 +90,14 @@ impl Proposer {
         out
     }
 
+    /// Like [`Proposer::propose`], but waits at most `deadline` (for callers on a period shorter
+    /// than the propose timeout, such as lease renewals: a forward to a frozen leader must not
+    /// hold up the next renewal).
+    pub async fn propose_within(&self, cmd: Command, deadline: Duration) -> Result<Reply, ProposeError> {
+        let rx = self.enqueue(cmd, false).await?;
+        self.wait(rx, tokio::time::Instant::now() + deadline.min(self.timeout)).await
+    }
+
     async fn submit(&self, cmd: Command, local_only: bool) -> Result<Reply, ProposeError> {
         let rx = self.enqueue(cmd, local_only).await?;
         self.wait(rx, tokio::time::Instant::now() + self.timeout).await

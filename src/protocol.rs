@@ -9,7 +9,8 @@ pub mod close {
     pub const NORMAL: u16 = 1000;
     /// The node is draining: reconnect promptly, elsewhere.
     pub const GOING_AWAY: u16 = 1001;
-    /// A frame the protocol does not allow (bad JSON, binary frames, protocol errors).
+    /// A frame the protocol does not allow (binary frames, text that is not UTF-8, protocol
+    /// errors). Well-formed text that is not a known frame gets `{"t":"error"}` instead.
     pub const POLICY: u16 = 1008;
     /// A message over the size limit.
     pub const TOO_BIG: u16 = 1009;

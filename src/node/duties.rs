@@ -48,7 +48,7 @@ impl Renewer {
             let draining = *self.mode.borrow() == Mode::Draining;
             let sent_at = Instant::now();
             let cmd = Command::Renew { node: self.me, at_ms: 0, lease_ms: self.lease_ms, connections, draining };
-            match self.proposer.propose(cmd).await {
+            match self.proposer.propose_within(cmd, Duration::from_millis(self.lease_ms / 3)).await {
                 // The lease runs from about when the renewal was sent: fencing measures from there.
                 Ok(_) => {
                     self.renewed.send_replace(sent_at);

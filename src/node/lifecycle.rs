@@ -1,8 +1,8 @@
 //! A node's serving lifecycle on the `Mode` watch: Serving → Draining (V6) and Serving ⇄ Fenced
 //! (V7). Drain: refuse handshakes, leave the ring everywhere at once (`Drain`), tell every device
 //! (`goaway` + 1001, paced by `drain_rate`), wait for them or `drain_timeout`, then `ReleaseNode`.
-//! Fencing: when no lease renewal has committed for `lease - margin`, refuse handshakes; close the
-//! connections still open `margin` later with 1013 (apply events may close them first with
+//! Fencing: when no lease renewal has committed for `lease - margin` (margin = lease/5), refuse
+//! handshakes; close the connections still open `margin` later with 1013 (apply events may close them first with
 //! 4001/4002); when a renewal commits again, close every connection whose route was taken over or
 //! swept, and serve again.
 
@@ -17,6 +17,11 @@ use crate::protocol::close;
 use crate::raft::types::{Command, NodeId};
 use crate::ws::registry::Control;
 use crate::ws::{self, Gate, Mode};
+
+/// Fencing starts `lease / 5` before the lease could lapse (renewals are timed from when they were
+/// sent, before the leader stamps them, so the margin only covers clock-rate drift and delivery);
+/// connections still open a further `lease / 5` later are closed with 1013.
+pub const FENCE_MARGIN_DIVISOR: u32 = 5;
 
 /// Drain pacing knobs.
 #[derive(Debug, Clone)]
@@ -66,7 +71,7 @@ pub async fn fence_loop(
     lease: Duration,
     cancel: CancellationToken,
 ) {
-    let margin = lease / 3;
+    let margin = lease / FENCE_MARGIN_DIVISOR;
     let mut tick = tokio::time::interval((lease / 20).max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fenced_at: Option<Instant> = None;
@@ -78,7 +83,9 @@ pub async fn fence_loop(
             r = renewed.changed() => if r.is_err() { return },
         }
         let since = renewed.borrow().elapsed();
-        let lapsing = since > lease - margin;
+        // A node outside the membership (standby) holds no lease to lose.
+        let member = gate.view.borrow().member(gate.me).is_some();
+        let lapsing = member && since > lease - margin;
         let current = *mode.borrow();
         match (current, lapsing, fenced_at) {
             (Mode::Serving, true, _) => {

@@ -243,6 +243,9 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
             drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
         };
         lifecycle::drain(ident.id, &gate, &mode_tx, &proposer, &cfg).await;
+        // openraft 0.9 has no leadership transfer, and followers refuse votes while the
+        // leader's lease (election_timeout_max) runs: if this node led, the others elect a
+        // new leader within about two election timeouts of its exit.
     }
     stop.cancel();
     if let Err(e) = raft.shutdown().await {

@@ -19,9 +19,21 @@ fn bucket(devices: u32, rate_per_s: u64, burst: u64, nodes: u32) -> StormModel {
     StormModel { admission: Admission::TokenBucket { rate_per_s, burst, nodes }, ..per_slot(devices, 1) }
 }
 
-/// The figures of the 3-node fleet from the README: rate 500/s, burst 100, base 1 s, cap 30 s.
+/// The 3-node fleet from the README: rate 500/s, burst 100, base 1 s, cap 30 s, no Retry-After.
 fn fleet(devices: u32, jitter: Jitter, initial_jitter: bool, seed: u64) -> StormReport {
-    let m = StormModel { base_ms: 1000, cap_ms: 30_000, jitter, initial_jitter, seed, ..bucket(devices, 500, 100, 3) };
+    fleet_ra(devices, jitter, initial_jitter, seed, 0)
+}
+
+fn fleet_ra(devices: u32, jitter: Jitter, initial_jitter: bool, seed: u64, retry_after_s: u64) -> StormReport {
+    let m = StormModel {
+        base_ms: 1000,
+        cap_ms: 30_000,
+        jitter,
+        initial_jitter,
+        seed,
+        retry_after_s,
+        ..bucket(devices, 500, 100, 3)
+    };
     simulate(&m).unwrap()
 }
 
@@ -104,8 +116,9 @@ fn retry_after_is_a_floor_in_the_model() {
 
 /// Full-jitter runs of the fleet over 4 seeds, and their mean total attempts and mean time
 /// until every device is in.
-fn full_jitter_runs(devices: u32, initial_jitter: bool) -> (Vec<StormReport>, u64, u64) {
-    let runs: Vec<StormReport> = (1..=4).map(|seed| fleet(devices, Jitter::Full, initial_jitter, seed)).collect();
+fn full_jitter_runs(devices: u32, initial_jitter: bool, retry_after_s: u64) -> (Vec<StormReport>, u64, u64) {
+    let runs: Vec<StormReport> =
+        (1..=4).map(|seed| fleet_ra(devices, Jitter::Full, initial_jitter, seed, retry_after_s)).collect();
     assert!(runs.iter().all(|r| r.connected == devices), "{runs:?}");
     let mean = |f: fn(&StormReport) -> u64| runs.iter().map(f).sum::<u64>() / runs.len() as u64;
     let (attempts, all_ms) = (mean(|r| r.total_attempts), mean(|r| r.all_connected_ms.unwrap()));
@@ -120,7 +133,7 @@ fn full_jitter_beats_no_jitter_after_a_synchronized_drop() {
     // attempts, 871 s); with full jitter retries spread out and use the refill (≈37,600
     // attempts, ≈13 s). Margins are far below those ratios (4.5× and 65×).
     let none = fleet(10_000, Jitter::None, false, 1);
-    let (full, attempts, all_ms) = full_jitter_runs(10_000, false);
+    let (full, attempts, all_ms) = full_jitter_runs(10_000, false, 0);
     let ctx = format!("none {none:?}\nfull {full:?}");
     assert!(attempts * 3 < none.total_attempts, "{ctx}");
     assert!(all_ms * 10 < none.all_connected_ms.unwrap(), "{ctx}");
@@ -129,18 +142,28 @@ fn full_jitter_beats_no_jitter_after_a_synchronized_drop() {
 }
 
 #[test]
-fn with_initial_jitter_full_jitter_still_wins_on_time() {
-    // Initial jitter already desynchronizes the fleet: each device keeps its phase in [0, 1 s]
-    // under jitter none, so attempts are close (measured ≈35,300 none vs ≈34,700 full) and the
-    // gain is in time (62 s vs ≈12.6 s), because no-jitter stragglers sit at the 30 s cap.
-    // Not asserted, and worth knowing: here full jitter has the HIGHER per-slot peak (≈230 vs
-    // ≈129) — a first attempt uniform in [0, base] plus a retry uniform in [0, base] is a
+fn with_initial_jitter_full_jitter_still_wins() {
+    // Initial jitter already desynchronizes the fleet: under jitter none each device keeps its
+    // phase in [0, 1 s], so attempts are close (measured ≈35,300 none vs ≈34,700 full) and the
+    // gain is in time (62 s vs ≈12.6 s): no-jitter stragglers sit at the 30 s cap.
+    // Without a Retry-After, full jitter has the HIGHER per-slot peak (≈230 vs 129), so that is
+    // not asserted: a first attempt uniform in [0, base] plus a retry uniform in [0, base] is a
     // triangular sum that piles up near t = base.
     let none = fleet(10_000, Jitter::None, true, 1);
-    let (full, attempts, all_ms) = full_jitter_runs(10_000, true);
+    let (full, attempts, all_ms) = full_jitter_runs(10_000, true, 0);
     let ctx = format!("none {none:?}\nfull {full:?}");
     assert!(attempts < none.total_attempts, "{ctx}");
     assert!(all_ms * 3 < none.all_connected_ms.unwrap(), "{ctx}");
+
+    // With the 1 s Retry-After that `gateway serve` sends, no retry comes back before 1 s, the
+    // pile-up goes away and full jitter wins on all three (measured ≈29,900 attempts vs 35,303,
+    // ≈11.9 s vs 62 s, peak 129 both). Jitter none waits ≥ base = 1 s anyway: same figures.
+    assert_eq!(fleet_ra(10_000, Jitter::None, true, 1, 1), none);
+    let (full, attempts, all_ms) = full_jitter_runs(10_000, true, 1);
+    let ctx = format!("none {none:?}\nfull {full:?}");
+    assert!(attempts * 10 < none.total_attempts * 9, "{ctx}");
+    assert!(all_ms * 3 < none.all_connected_ms.unwrap(), "{ctx}");
+    assert!(full.iter().all(|r| r.peak_attempts_per_slot <= none.peak_attempts_per_slot), "{ctx}");
 }
 
 #[test]
@@ -175,4 +198,28 @@ fn rejects_unrunnable_models() {
     assert_eq!(simulate(&StormModel { slot_ms: 0, ..per_slot(1, 1) }), Err(PlanError::Zero { name: "slot_ms" }));
     let huge = StormModel { slot_ms: 1, cap_ms: 10_000_000, ..per_slot(1, 1) };
     assert!(matches!(simulate(&huge), Err(PlanError::TooManySlots { .. })));
+}
+
+#[test]
+fn command_line_maps_to_the_model() {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+    let parse = |args: &str| Cli::try_parse_from(format!("gateway plan-storm {args}").split_whitespace());
+    let model = |args: &str| match parse(args).unwrap().command {
+        Command::PlanStorm(a) => a.to_model(),
+        other => panic!("{other:?}"),
+    };
+    let m = model("--devices 5 --rate 3 --burst 2 --nodes 2");
+    assert_eq!(m.admission, Admission::TokenBucket { rate_per_s: 3, burst: 2, nodes: 2 });
+    assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms), (1, Jitter::Full, true, 10));
+    let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
+    assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
+    assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));
+    assert_eq!(model("--devices 5 --per-slot 4").retry_after_s, 0);
+    for bad in
+        ["--rate 3 --burst 2", "--devices 5", "--devices 5 --rate 3", "--devices 5 --rate 3 --burst 2 --per-slot 1"]
+    {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastwebsockets::upgrade::UpgradeFut;
-use fastwebsockets::{FragmentCollectorRead, Frame, OpCode, Payload, WebSocketError};
+use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead};
 use tokio::sync::mpsc;
 
 use super::registry::Control;
@@ -57,14 +57,16 @@ pub async fn run(
             return Ended::UpgradeFailed;
         }
     };
-    ws.set_max_message_size(cfg.max_message_bytes);
+    // fastwebsockets refuses a frame of exactly its limit; the whole-message bound is in read_loop.
+    ws.set_max_message_size(cfg.max_message_bytes + 1);
     ws.set_auto_close(true);
-    ws.set_auto_pong(true);
+    // Pings are answered by read_loop, so that they count as traffic for the idle timer.
+    ws.set_auto_pong(false);
     let (rx, mut tx) = ws.split(tokio::io::split);
     let started = Instant::now();
     let last_seen_ms = Arc::new(AtomicU64::new(0));
     let (out_tx, mut out_rx) = mpsc::channel::<Frame<'static>>(cfg.send_queue.max(4));
-    let reader = tokio::spawn(read_loop(FragmentCollectorRead::new(rx), out_tx, ctl_tx, last_seen_ms.clone(), started));
+    let mut reader = tokio::spawn(read_loop(rx, out_tx, ctl_tx, last_seen_ms.clone(), started, cfg.max_message_bytes));
 
     let write_timeout = Duration::from_millis(cfg.idle_ms.max(1000));
     let mut ended = Ended::Peer;
@@ -76,7 +78,9 @@ pub async fn run(
         return Ended::Peer;
     }
     loop {
+        // Biased: a close the reader asked for must win over the reader's channel closing.
         let frame = tokio::select! {
+            biased;
             ctl = ctl_rx.recv() => match ctl {
                 Some(Control::Close { code, reason }) => {
                     close_with = Some((code, reason));
@@ -91,7 +95,15 @@ pub async fn run(
             },
             out = out_rx.recv() => match out {
                 Some(f) => f,
-                None => break, // the reader ended: the peer closed or the connection dropped
+                // The reader ended: the peer closed, the connection dropped, or the reader just
+                // asked for a close (1008/1009) that must still be sent.
+                None => match ctl_rx.try_recv() {
+                    Ok(Control::Close { code, reason }) => {
+                        close_with = Some((code, reason));
+                        break;
+                    }
+                    _ => break,
+                },
             },
             _ = ping.tick() => {
                 let idle = started.elapsed().as_millis() as u64 - last_seen_ms.load(Ordering::Relaxed);
@@ -113,21 +125,40 @@ pub async fn run(
         ended = Ended::Closed(code);
     }
     let _ = tokio::time::timeout(write_timeout, tx.flush()).await;
-    // The reader may be blocked in `read_frame`; the connection is being dropped, so aborting is safe.
+    // Give the peer a moment to echo our close (the reader returns on it), then drop the
+    // connection; the reader may be blocked in `read_frame`, so it is aborted, not awaited forever.
+    if ended != Ended::Peer {
+        let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
+    }
     reader.abort();
     ended
 }
 
+/// How long a closing session waits for the peer's close echo.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// Most frames one fragmented message may take (a flood of empty continuations is refused).
+const MAX_FRAGMENTS: usize = 1024;
+
+/// Reassembles messages from the raw read half, bounding the whole message (not just each frame)
+/// by `max_bytes` and its number of fragments by [`MAX_FRAGMENTS`]. After asking the writer to
+/// close, it keeps reading and discarding until the peer's close echo, so that the close frame is
+/// not lost to a TCP reset caused by unread data.
 async fn read_loop<S>(
-    mut rx: FragmentCollectorRead<S>,
+    mut rx: WebSocketRead<S>,
     out: mpsc::Sender<Frame<'static>>,
     ctl: mpsc::Sender<Control>,
     last_seen_ms: Arc<AtomicU64>,
     started: Instant,
+    max_bytes: usize,
 ) where
     S: tokio::io::AsyncRead + Unpin,
 {
-    let closing = |code: u16, reason: &str| Control::Close { code, reason: reason.to_string() };
+    let request_close = |code: u16, reason: &str| {
+        let _ = ctl.try_send(Control::Close { code, reason: reason.to_string() });
+    };
+    let mut partial: Option<(OpCode, Vec<u8>, usize)> = None;
+    let mut closing = false;
     loop {
         let out2 = out.clone();
         let mut obligated = move |f: Frame<'_>| {
@@ -136,8 +167,9 @@ async fn read_loop<S>(
         };
         let frame = match rx.read_frame(&mut obligated).await {
             Ok(f) => f,
+            // The stream is mid-frame after these: nothing more can be parsed.
             Err(WebSocketError::FrameTooLarge) => {
-                let _ = ctl.try_send(closing(close::TOO_BIG, "message too large"));
+                request_close(close::TOO_BIG, "message too large");
                 return;
             }
             Err(WebSocketError::ConnectionClosed)
@@ -146,27 +178,90 @@ async fn read_loop<S>(
                 return;
             }
             Err(e) => {
-                let _ = ctl.try_send(closing(close::POLICY, &e.to_string()));
+                request_close(close::POLICY, &e.to_string());
                 return;
             }
         };
         last_seen_ms.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-        match frame.opcode {
-            OpCode::Text => {
-                let reply = match serde_json::from_slice::<ClientFrame>(&frame.payload) {
-                    Ok(ClientFrame::Ping) => ServerFrame::Pong,
-                    Err(e) => ServerFrame::Error { error: format!("unknown frame: {e}") },
+        if frame.opcode == OpCode::Close {
+            return; // auto-close queued the echo (or this is the echo of ours)
+        }
+        if closing {
+            continue;
+        }
+        match message(frame, &mut partial, max_bytes) {
+            Ok(None) => {}
+            Ok(Some(Incoming::Ping(payload))) => {
+                let _ = out.try_send(Frame::pong(Payload::Owned(payload)));
+            }
+            Ok(Some(Incoming::Text(bytes))) => {
+                let reply = match std::str::from_utf8(&bytes) {
+                    Err(_) => {
+                        request_close(close::POLICY, "text message is not UTF-8");
+                        closing = true;
+                        continue;
+                    }
+                    Ok(text) => match serde_json::from_str::<ClientFrame>(text) {
+                        Ok(ClientFrame::Ping) => ServerFrame::Pong,
+                        Err(e) => ServerFrame::Error { error: format!("unknown frame: {e}") },
+                    },
                 };
                 // A device that does not read its replies fills its queue: drop the reply rather
                 // than grow memory.
                 let _ = out.try_send(text(reply.to_json()));
             }
-            OpCode::Binary => {
-                let _ = ctl.try_send(closing(close::POLICY, "binary frames are not supported"));
-                return;
+            Err((code, reason)) => {
+                request_close(code, reason);
+                closing = true;
             }
-            OpCode::Close => return, // auto-close queued the echo
-            _ => {}
         }
+    }
+}
+
+/// A complete thing the device said.
+enum Incoming {
+    Ping(Vec<u8>),
+    Text(Vec<u8>),
+}
+
+/// Folds one frame into the message being reassembled; `Err` is the close to send.
+fn message(
+    frame: Frame<'_>,
+    partial: &mut Option<(OpCode, Vec<u8>, usize)>,
+    max_bytes: usize,
+) -> Result<Option<Incoming>, (u16, &'static str)> {
+    let complete = match (frame.opcode, partial.take()) {
+        (OpCode::Ping, p) => {
+            *partial = p;
+            return Ok(Some(Incoming::Ping(frame.payload.to_vec())));
+        }
+        (OpCode::Pong, p) => {
+            *partial = p;
+            return Ok(None);
+        }
+        (OpCode::Text | OpCode::Binary, None) if frame.fin => (frame.opcode, frame.payload.to_vec()),
+        (OpCode::Text | OpCode::Binary, None) => {
+            *partial = Some((frame.opcode, frame.payload.to_vec(), 1));
+            return Ok(None);
+        }
+        (OpCode::Continuation, Some((op, mut buf, n))) => {
+            buf.extend_from_slice(&frame.payload);
+            if buf.len() > max_bytes {
+                return Err((close::TOO_BIG, "message too large"));
+            }
+            if n + 1 > MAX_FRAGMENTS {
+                return Err((close::POLICY, "too many fragments"));
+            }
+            if !frame.fin {
+                *partial = Some((op, buf, n + 1));
+                return Ok(None);
+            }
+            (op, buf)
+        }
+        _ => return Err((close::POLICY, "unexpected continuation or interleaved message")),
+    };
+    match complete {
+        (OpCode::Text, bytes) => Ok(Some(Incoming::Text(bytes))),
+        _ => Err((close::POLICY, "binary frames are not supported")),
     }
 }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod http;
 pub mod status;
+pub mod ws;
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -32,7 +33,8 @@ pub struct Timing {
     pub heartbeat_ms: u64,
 }
 
-pub const TIMING: Timing = Timing { lease_ms: 2000, sweep_ms: 250, election_timeout_ms: 600, heartbeat_ms: 150 };
+/// The lease must be at least 8 election timeouts (the server refuses less: see config.rs).
+pub const TIMING: Timing = Timing { lease_ms: 4000, sweep_ms: 250, election_timeout_ms: 400, heartbeat_ms: 100 };
 
 /// Honest slack for a loaded 2-core machine running up to four gateways plus cargo.
 pub const SLACK: Duration = Duration::from_secs(3);
