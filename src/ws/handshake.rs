@@ -139,13 +139,14 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         if let Some(node) = target(&g, &device, q.get("fallback")).await.filter(|n| *n != g.me) {
             if let Some(url) = ws_url(&g, node) {
                 let location = format!("{url}?{}", req.uri().query().unwrap_or(""));
+                let name = g.view.borrow().member(node).map(|m| m.name.clone()).unwrap_or_default();
                 g.metrics.handshakes.get_or_create(&ResultLabel { result: "redirected" }).inc();
                 return Response::builder()
                     .status(StatusCode::TEMPORARY_REDIRECT)
                     .header(hyper::header::LOCATION, location.clone())
                     .header(hyper::header::CONTENT_TYPE, "application/json")
                     .body(Full::new(Bytes::from(
-                        serde_json::json!({"error": "wrong_node", "location": location}).to_string(),
+                        serde_json::json!({"error": "wrong_node", "location": location, "node": name}).to_string(),
                     )))
                     .expect("static response parts");
             }
