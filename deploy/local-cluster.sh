@@ -87,6 +87,15 @@ start() {
     "$BIN" join --cluster "127.0.0.1:${CLUSTER_PORTS[0]}" --node "127.0.0.1:${CLUSTER_PORTS[$k]}" \
       --cluster-secret-file "$secret"
   done
+  # Wait until every member holds a live lease (its first renewal committed) and the ring has all three.
+  local deadline=$((SECONDS + HEALTH_TIMEOUT_S)) live=0
+  until (( live == 3 )); do
+    live=$("$BIN" status --json --cluster "127.0.0.1:${CLUSTER_PORTS[0]}" --cluster-secret-file "$secret" \
+      | grep -o '"state":"live"' | wc -l) || live=0
+    (( live == 3 )) && break
+    (( SECONDS >= deadline )) && die "members not all live within ${HEALTH_TIMEOUT_S}s (logs in $DIR)"
+    sleep 0.2
+  done
   "$BIN" status --cluster "127.0.0.1:${CLUSTER_PORTS[0]}" --cluster-secret-file "$secret"
 
   cat <<MSG

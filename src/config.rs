@@ -291,10 +291,10 @@ mod tests {
 
     #[test]
     fn flags_beat_file_beats_defaults() {
-        let file: FileConfig = toml::from_str("lease_ms = 4000\nsweep_ms = 500\nname = \"from-file\"").unwrap();
-        let flags = FileConfig { lease_ms: Some(3000), ..Default::default() };
+        let file: FileConfig = toml::from_str("lease_ms = 12000\nsweep_ms = 500\nname = \"from-file\"").unwrap();
+        let flags = FileConfig { lease_ms: Some(9000), ..Default::default() };
         let cfg = Config::merge(flags, file).unwrap();
-        assert_eq!(cfg.timing.lease_ms, 3000);
+        assert_eq!(cfg.timing.lease_ms, 9000);
         assert_eq!(cfg.timing.sweep_ms, 500);
         assert_eq!(cfg.timing.election_timeout_ms, Timing::default().election_timeout_ms);
         assert_eq!(cfg.name.as_deref(), Some("from-file"));

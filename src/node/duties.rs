@@ -32,23 +32,27 @@ pub struct Renewer {
 }
 
 impl Renewer {
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(Duration::from_millis((self.lease_ms / 3).max(1)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let period = Duration::from_millis((self.lease_ms / 3).max(1));
+        let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(next) => {}
+                // A node that just became a member renews at once instead of a period later.
+                r = self.view.changed(), if self.awaiting_first_lease() => if r.is_err() { return },
             }
             if self.view.borrow().member(self.me).is_none() {
+                next = tokio::time::Instant::now() + period;
                 continue;
             }
+            next = tokio::time::Instant::now() + period;
             let connections = self.sessions.len() as u64;
             // A draining node keeps renewing (it is alive) but stays out of the ring.
             let draining = *self.mode.borrow() == Mode::Draining;
             let sent_at = Instant::now();
             let cmd = Command::Renew { node: self.me, at_ms: 0, lease_ms: self.lease_ms, connections, draining };
-            match self.proposer.propose_within(cmd, Duration::from_millis(self.lease_ms / 3)).await {
+            match self.proposer.propose_within(cmd, period).await {
                 // The lease runs from about when the renewal was sent: fencing measures from there.
                 Ok(_) => {
                     self.renewed.send_replace(sent_at);
@@ -56,6 +60,11 @@ impl Renewer {
                 Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
             }
         }
+    }
+
+    /// True while this node has no lease row yet (a fresh member, or not a member at all).
+    fn awaiting_first_lease(&self) -> bool {
+        self.view.borrow().lease(self.me).is_none()
     }
 }
 

@@ -194,7 +194,11 @@ impl Cluster {
         let all: Vec<usize> = (0..count).collect();
         let names: Vec<String> = c.nodes.iter().map(|n| n.name.clone()).collect();
         let view = c.wait_agreement(&all, TIMING.settle_bound(), &format!("{count} nodes to agree"), |v| {
-            v.members.len() == count && v.voters() == count.min(3) && v.all_live() && v.ring_live == names
+            v.members.len() == count
+                && v.voters() == count.min(3)
+                && v.all_live()
+                && v.ring_live == names
+                && !v.cluster_id.is_empty()
         });
         println!("[harness] formed {count}-node cluster in {:?}", started.elapsed());
         (c, view)
