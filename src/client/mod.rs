@@ -1,5 +1,9 @@
-//! The device side of the protocol (design §4 "Client reconnect"). For now only the pure
-//! full-jitter [`backoff`] schedule; the reconnecting connection will live beside it.
+//! The device side of the protocol (design §4 "Client reconnect"): the pure full-jitter
+//! [`backoff`] schedule, the pure reconnect [`policy`], one handshake ([`dial`]) and the
+//! reconnecting [`device`] that ties them together, reporting every decision as an event.
 //! Architecture invariant: `client` imports no server module (at most `protocol`/`codec`).
 
 pub mod backoff;
+pub mod device;
+pub mod dial;
+pub mod policy;

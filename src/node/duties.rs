@@ -82,11 +82,24 @@ pub async fn leader_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut extended_term = None;
     let op_timeout = Duration::from_millis(timing.propose_timeout_ms);
+    let mut raft_metrics = raft.metrics();
     loop {
-        tokio::select! {
+        // Wake on the sweep tick, and as soon as this node becomes leader of a new term (so leases
+        // are extended and the cluster id recorded without waiting a sweep period).
+        let swept_tick = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+            _ = tick.tick() => true,
+            r = raft_metrics.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let m = raft_metrics.borrow_and_update();
+                if m.current_leader != Some(me) || extended_term == Some(m.current_term) {
+                    continue;
+                }
+                false
+            }
+        };
         let (leader, term) = {
             let m = raft.metrics().borrow().clone();
             (m.current_leader, m.current_term)
@@ -123,7 +136,9 @@ pub async fn leader_loop(
             }
             continue;
         }
-        sweep(&proposer, &view, &metrics).await;
+        if swept_tick {
+            sweep(&proposer, &view, &metrics).await;
+        }
     }
 }
 
