@@ -19,6 +19,11 @@ use crate::raft::types::{Command, Raft, Reply, Request};
 /// Most commands folded into one log entry.
 pub const MAX_BATCH: usize = 1024;
 
+/// Batches proposed (or forwarded) at once. With one, every caller waits a whole commit behind
+/// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
+/// fsync); with two, the next batch is already queued in openraft when the log flushes.
+pub const MAX_IN_FLIGHT: usize = 2;
+
 /// Why a write did not get a reply. All are retryable except `Rejected`.
 #[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ProposeError {
@@ -135,7 +140,13 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let http = Arc::new(http);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     loop {
+        // Wait for a free slot first: whatever queues meanwhile joins the next batch.
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => return,
+            p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        };
         let first = tokio::select! {
             _ = cancel.cancelled() => return,
             p = rx.recv() => match p { Some(p) => p, None => return },
@@ -147,51 +158,60 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let now = now_ms();
-        let cmds: Vec<Command> = batch
-            .iter()
-            .map(|p| {
-                let mut c = p.cmd.clone();
-                c.stamp(now);
-                c
-            })
-            .collect();
-        let write = tokio::time::timeout(timeout, raft.client_write(Request { cmds }));
-        match write.await {
-            Ok(Ok(resp)) => {
-                metrics.proposed_batches.inc();
-                metrics.proposed_commands.inc_by(batch.len() as u64);
-                for (p, r) in batch.into_iter().zip(resp.data.replies) {
-                    let _ = p.reply.send(Ok(r));
-                }
+        let (raft, http, metrics) = (raft.clone(), http.clone(), metrics.clone());
+        tokio::spawn(async move {
+            write_batch(&raft, &http, batch, timeout, &metrics).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Proposes one batch as one log entry and hands each caller its reply.
+async fn write_batch(raft: &Raft, http: &Arc<HttpClient>, batch: Vec<Pending>, timeout: Duration, metrics: &Metrics) {
+    let now = now_ms();
+    let cmds: Vec<Command> = batch
+        .iter()
+        .map(|p| {
+            let mut c = p.cmd.clone();
+            c.stamp(now);
+            c
+        })
+        .collect();
+    let write = tokio::time::timeout(timeout, raft.client_write(Request { cmds }));
+    match write.await {
+        Ok(Ok(resp)) => {
+            metrics.proposed_batches.inc();
+            metrics.proposed_commands.inc_by(batch.len() as u64);
+            for (p, r) in batch.into_iter().zip(resp.data.replies) {
+                let _ = p.reply.send(Ok(r));
             }
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
-                for p in local {
-                    let _ = p.reply.send(Err(ProposeError::NoLeader));
+        }
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+            let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
+            for p in local {
+                let _ = p.reply.send(Err(ProposeError::NoLeader));
+            }
+            match f.leader_node {
+                // Detached: a forward to a frozen leader must not hold an in-flight slot.
+                Some(leader) if !remote.is_empty() => {
+                    tokio::spawn(forward(http.clone(), leader.cluster_addr, remote, timeout));
                 }
-                match f.leader_node {
-                    Some(leader) if !remote.is_empty() => {
-                        // Forwarding runs beside the loop so local batching continues meanwhile.
-                        tokio::spawn(forward(http.clone(), leader.cluster_addr, remote, timeout));
+                _ => {
+                    for p in remote {
+                        let _ = p.reply.send(Err(ProposeError::NoLeader));
                     }
-                    _ => {
-                        for p in remote {
-                            let _ = p.reply.send(Err(ProposeError::NoLeader));
-                        }
-                    }
                 }
             }
-            Ok(Err(e)) => {
-                let msg = e.to_string();
-                for p in batch {
-                    let _ = p.reply.send(Err(ProposeError::Rejected(msg.clone())));
-                }
+        }
+        Ok(Err(e)) => {
+            let msg = e.to_string();
+            for p in batch {
+                let _ = p.reply.send(Err(ProposeError::Rejected(msg.clone())));
             }
-            Err(_) => {
-                for p in batch {
-                    let _ = p.reply.send(Err(ProposeError::Timeout(timeout.as_millis() as u64)));
-                }
+        }
+        Err(_) => {
+            for p in batch {
+                let _ = p.reply.send(Err(ProposeError::Timeout(timeout.as_millis() as u64)));
             }
         }
     }
