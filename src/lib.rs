@@ -14,7 +14,7 @@
 //! - [`protocol`] device wire frames and close codes (shared by server and client).
 //! - [`ws`] the public listener: admission, device tokens, placement, handshake, sessions.
 //! - [`admin`] HTTP client for the admin API (used by the CLI).
-//! - [`client`] the device side: full-jitter reconnect backoff (pure, seeded).
+//! - [`client`] the device client: full-jitter backoff, dial, reconnect policy, `Device` run loop.
 //! - [`plan`] `plan-storm`: a discrete-time reconnect-storm model for capacity planning (pure).
 //!
 //! # Architecture invariants

@@ -1,0 +1,366 @@
+//! A reconnecting device (design §4 "Client reconnect", issue 4): dials with a persisted,
+//! incremented `attempt`, keeps the connection (answering pings), and on every refusal, redirect,
+//! 409 or close decides what to do next with [`Policy`]. Every step is reported as an [`Event`]
+//! so callers (tests, the load tool) can count and time them.
+//!
+//! ```no_run
+//! # async fn demo(token: String) {
+//! use gateway::client::device::{Device, DeviceConfig, MemoryStore};
+//! let cfg = DeviceConfig::new("ws://127.0.0.1:8080", "d1", &token, 0);
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! let why = Device::new(cfg, Box::new(MemoryStore::new(0))).run(|e| println!("{e:?}"), stop).await;
+//! # }
+//! ```
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fastwebsockets::{Frame, OpCode};
+use serde_json::Value;
+use tokio::time::{sleep, timeout, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::Backoff;
+use super::dial::{dial, Answer, Target, Ws};
+pub use super::policy::StopReason;
+use super::policy::{Outcome, Policy, Step};
+use crate::protocol::close;
+
+/// How one device connects and backs off.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// `ws://host:port` of any node (`/ws` is appended). More than one: the next is tried when one
+    /// answers 503 or cannot be reached.
+    pub urls: Vec<String>,
+    pub device: String,
+    /// Device JWT, sent as `Authorization: Bearer`.
+    pub token: String,
+    /// Install epoch, as in the token: a 409 with a newer floor epoch stops the device.
+    pub epoch: u64,
+    /// Full-jitter base and cap (design §4).
+    pub base: Duration,
+    pub cap: Duration,
+    /// A connection up at least this long was stable: it resets the backoff.
+    pub stable_after: Duration,
+    /// Bound of one dial: connect, request, refusal body or upgrade and `hello`.
+    pub handshake_timeout: Duration,
+    /// Seed of the backoff's jitter (give each device its own).
+    pub seed: u64,
+    /// Local source address (e.g. spread over 127.0.0.0/8 by a load tool).
+    pub bind: Option<IpAddr>,
+}
+
+impl DeviceConfig {
+    /// Defaults: base 1 s, cap 30 s, stable after 10 s, handshake 10 s, seed from the device id.
+    pub fn new(url: &str, device: &str, token: &str, epoch: u64) -> DeviceConfig {
+        let seed =
+            device.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        DeviceConfig {
+            urls: vec![url.to_string()],
+            device: device.to_string(),
+            token: token.to_string(),
+            epoch,
+            base: Duration::from_secs(1),
+            cap: Duration::from_secs(30),
+            stable_after: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            seed,
+            bind: None,
+        }
+    }
+}
+
+/// Where the device's `attempt` counter persists between handshakes (and restarts).
+pub trait AttemptStore: Send {
+    /// The last stored attempt (0 if none).
+    fn load(&mut self) -> u64;
+    fn store(&mut self, attempt: u64) -> std::io::Result<()>;
+}
+
+/// A counter in a file, replaced atomically (write + fsync a temp file, then rename).
+#[derive(Debug, Clone)]
+pub struct FileStore(pub PathBuf);
+
+impl AttemptStore for FileStore {
+    /// A missing or unreadable file reads as 0 (a stale attempt is then fixed by the 409).
+    fn load(&mut self) -> u64 {
+        std::fs::read_to_string(&self.0).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    fn store(&mut self, attempt: u64) -> std::io::Result<()> {
+        let mut tmp = self.0.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            writeln!(f, "{attempt}")?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.0)
+    }
+}
+
+/// A counter in memory (tests, load tools; the caller keeps it across restarts if it wants).
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore(pub u64);
+
+impl MemoryStore {
+    pub fn new(attempt: u64) -> MemoryStore {
+        MemoryStore(attempt)
+    }
+}
+
+impl AttemptStore for MemoryStore {
+    fn load(&mut self) -> u64 {
+        self.0
+    }
+
+    fn store(&mut self, attempt: u64) -> std::io::Result<()> {
+        self.0 = attempt;
+        Ok(())
+    }
+}
+
+/// Everything the device does or is told, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A handshake starts (the attempt is already stored).
+    Dialing {
+        url: String,
+        attempt: u64,
+    },
+    /// 101 and `hello`; `after` is the time since the last connection ended (or since `run`).
+    Connected {
+        node: String,
+        conn: u64,
+        route_version: u64,
+        attempt: u64,
+        after: Duration,
+    },
+    /// A refusal other than 307/409: status, the body's `error`, the parsed `Retry-After`.
+    Refused {
+        status: u16,
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// A 307 (followed unless it is one too many in a row).
+    Redirected {
+        location: String,
+        node: String,
+    },
+    /// A 409 `stale_attempt` floor.
+    Stale {
+        floor_epoch: u64,
+        floor_attempt: u64,
+    },
+    /// The dial got no answer (`stage` "connect": no TCP connection).
+    Unreachable {
+        url: String,
+        stage: &'static str,
+        error: String,
+    },
+    /// Persisting the attempt failed; the device goes on with its in-memory counter.
+    StoreFailed {
+        error: String,
+    },
+    /// The decision: wait `delay` (zero when prompt) before the next dial, and why.
+    Waiting {
+        delay: Duration,
+        why: &'static str,
+    },
+    /// A connection ended: the server's close code, or 1006 with the error when it just dropped.
+    Closed {
+        code: u16,
+        reason: String,
+    },
+    /// A text frame (JSON; a non-JSON text arrives as a JSON string), `hello` included.
+    Frame(Value),
+    Stopped(StopReason),
+}
+
+/// One device; [`Device::run`] drives it until it must stop.
+pub struct Device {
+    cfg: DeviceConfig,
+    store: Box<dyn AttemptStore>,
+    /// The highest attempt used, in case the store fails.
+    last: u64,
+}
+
+impl Device {
+    pub fn new(cfg: DeviceConfig, store: Box<dyn AttemptStore>) -> Device {
+        Device { cfg, store, last: 0 }
+    }
+
+    fn persist(&mut self, attempt: u64, events: &mut impl FnMut(Event)) {
+        self.last = self.last.max(attempt);
+        if let Err(e) = self.store.store(self.last) {
+            events(Event::StoreFailed { error: e.to_string() });
+        }
+    }
+
+    /// Connects, stays connected, reconnects, until a [`StopReason`] (also sent as the last event).
+    /// Panics if `cfg.urls` is empty or names a URL that is not `ws://`.
+    pub async fn run(mut self, mut events: impl FnMut(Event) + Send, shutdown: CancellationToken) -> StopReason {
+        let seeds: Vec<Target> =
+            self.cfg.urls.iter().map(|u| Target::parse(u).unwrap_or_else(|e| panic!("device URL: {e}"))).collect();
+        let backoff = Backoff::new(self.cfg.base, self.cfg.cap, self.cfg.seed);
+        let mut policy = Policy::new(seeds, self.cfg.epoch, self.cfg.stable_after, backoff);
+        let mut since = Instant::now();
+        let reason = loop {
+            let attempt = self.store.load().max(self.last) + 1;
+            self.persist(attempt, &mut events);
+            let target = policy.current().clone();
+            events(Event::Dialing { url: target.url(attempt), attempt });
+            let (cfg, token) = (&self.cfg, self.cfg.token.as_str());
+            let answer = tokio::select! {
+                _ = shutdown.cancelled() => break StopReason::Shutdown,
+                a = dial(&target, attempt, token, cfg.bind, cfg.handshake_timeout) => a,
+            };
+            let outcome = match answer {
+                Ok(Answer::Open(mut ws, hello)) => {
+                    let connected = Instant::now();
+                    let (node, conn, route_version) = (hello.node, hello.conn, hello.route_version);
+                    events(Event::Connected { node, conn, route_version, attempt, after: connected - since });
+                    events(Event::Frame(hello.frame));
+                    let end = session(&mut ws, &mut events, &shutdown, cfg.handshake_timeout).await;
+                    since = Instant::now();
+                    let Some((code, reason, goaway)) = end else { break StopReason::Shutdown };
+                    events(Event::Closed { code, reason });
+                    Outcome::Ended { code, goaway, lasted: since - connected }
+                }
+                Ok(Answer::Refused { status, retry_after, location, body }) => {
+                    let text = |k: &str| body[k].as_str().unwrap_or("").to_string();
+                    match status {
+                        307 => {
+                            let location = location.unwrap_or_else(|| text("location"));
+                            let node = text("node");
+                            events(Event::Redirected { location: location.clone(), node: node.clone() });
+                            Outcome::Redirected { location: Target::parse(&location).ok(), node }
+                        }
+                        409 if body["floor_attempt"].is_u64() => {
+                            let floor_epoch = body["floor_epoch"].as_u64().unwrap_or(0);
+                            let floor_attempt = body["floor_attempt"].as_u64().unwrap_or(0);
+                            events(Event::Stale { floor_epoch, floor_attempt });
+                            Outcome::Stale { floor_epoch, floor_attempt }
+                        }
+                        _ => {
+                            events(Event::Refused { status, reason: text("error"), retry_after });
+                            Outcome::Refused { status, retry_after }
+                        }
+                    }
+                }
+                Err(e) => {
+                    events(Event::Unreachable { url: target.url(attempt), stage: e.stage, error: e.error });
+                    Outcome::Unreachable
+                }
+            };
+            match policy.next(outcome) {
+                Step::Stop(reason) => break reason,
+                Step::Dial { wait, why, raise_to, .. } => {
+                    if let Some(floor) = raise_to {
+                        self.persist(floor, &mut events);
+                    }
+                    events(Event::Waiting { delay: wait, why });
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break StopReason::Shutdown,
+                        _ = sleep(wait) => {}
+                    }
+                }
+            }
+        };
+        events(Event::Stopped(reason.clone()));
+        reason
+    }
+}
+
+/// Reads frames until the connection ends: `Some((code, reason, goaway_seen))`, or `None` after
+/// closing with 1000 on shutdown (the close echo is awaited at most `bound`).
+async fn session(
+    ws: &mut Ws,
+    events: &mut impl FnMut(Event),
+    shutdown: &CancellationToken,
+    bound: Duration,
+) -> Option<(u16, String, bool)> {
+    let mut goaway = false;
+    loop {
+        let frame = tokio::select! {
+            _ = shutdown.cancelled() => {
+                let _ = timeout(bound, async {
+                    ws.write_frame(Frame::close(close::NORMAL, b"shutdown")).await?;
+                    loop {
+                        if ws.read_frame().await?.opcode == OpCode::Close {
+                            return Ok::<_, fastwebsockets::WebSocketError>(());
+                        }
+                    }
+                })
+                .await;
+                return None;
+            }
+            f = ws.read_frame() => f,
+        };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return Some((1006, e.to_string(), goaway)),
+        };
+        match frame.opcode {
+            OpCode::Text => {
+                let v = serde_json::from_slice::<Value>(&frame.payload)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&frame.payload).into_owned()));
+                goaway |= v["t"] == "goaway";
+                events(Event::Frame(v));
+            }
+            OpCode::Close => {
+                let p = &frame.payload;
+                let (code, reason) = match p.len() {
+                    0 | 1 => (1005, String::new()),
+                    _ => (u16::from_be_bytes([p[0], p[1]]), String::from_utf8_lossy(&p[2..]).into_owned()),
+                };
+                return Some((code, reason, goaway));
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_store_round_trips_and_reads_missing_as_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = FileStore(dir.path().join("attempt"));
+        assert_eq!(s.load(), 0);
+        s.store(41).unwrap();
+        s.store(42).unwrap();
+        assert_eq!(s.load(), 42);
+        assert_eq!(FileStore(dir.path().join("attempt")).load(), 42, "a new instance reads it back");
+        assert!(!dir.path().join("attempt.tmp").exists(), "the temp file was renamed into place");
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_a_device_that_cannot_connect() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut cfg = DeviceConfig::new(&format!("ws://127.0.0.1:{port}"), "d", "t", 0);
+        cfg.base = Duration::from_secs(60);
+        let stop = CancellationToken::new();
+        let mut seen = Vec::new();
+        let run = Device::new(cfg, Box::new(MemoryStore::new(5))).run(
+            |e| {
+                if matches!(e, Event::Waiting { .. }) {
+                    stop.cancel();
+                }
+                seen.push(e);
+            },
+            stop.clone(),
+        );
+        let reason = tokio::time::timeout(Duration::from_secs(10), run).await.expect("prompt shutdown");
+        assert_eq!(reason, StopReason::Shutdown);
+        assert!(matches!(&seen[0], Event::Dialing { attempt: 6, .. }), "{seen:?}");
+        assert!(matches!(&seen[1], Event::Unreachable { stage: "connect", .. }), "{seen:?}");
+        assert!(matches!(&seen[2], Event::Waiting { why: "unreachable", .. }), "{seen:?}");
+        assert_eq!(seen.last(), Some(&Event::Stopped(StopReason::Shutdown)));
+    }
+}
