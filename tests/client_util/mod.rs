@@ -66,6 +66,11 @@ impl Running {
         }
     }
 
+    /// Moves every event reported so far into `log` without waiting.
+    pub fn poll(&mut self) {
+        self.log.extend(self.rx.try_iter());
+    }
+
     /// Events logged so far that match `pred`.
     pub fn count(&self, pred: impl Fn(&Event) -> bool) -> usize {
         self.log.iter().filter(|(_, e)| pred(e)).count()
