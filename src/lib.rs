@@ -13,6 +13,7 @@
 //! - [`node`] composition root: data dir, identity, secrets, Raft, duties, listeners.
 //! - [`protocol`] device wire frames and close codes (shared by server and client).
 //! - [`ws`] the public listener: admission, device tokens, placement, handshake, sessions.
+//! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline).
 //! - [`admin`] HTTP client for the admin API (used by the CLI).
 //! - [`client`] the device client: full-jitter backoff, dial, reconnect policy, `Device` run loop.
 //! - [`plan`] `plan-storm`: a discrete-time reconnect-storm model for capacity planning (pure).
@@ -39,6 +40,7 @@ pub mod proposer;
 pub mod protocol;
 pub mod raft;
 pub mod ring;
+pub mod server;
 pub mod status;
 pub mod store;
 pub mod ws;

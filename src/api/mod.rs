@@ -10,7 +10,6 @@ pub mod admin_types {
     pub use super::admin::{IdentityReply, JoinRequest, LeaveRequest, PromoteRequest};
 }
 
-use std::convert::Infallible;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
@@ -64,37 +60,11 @@ pub type Resp = Response<Full<Bytes>>;
 
 /// Serves the cluster listener until `shutdown` fires.
 pub async fn run(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cluster listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    let handler = move |req| {
         let api = api.clone();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let api = api.clone();
-                async move { Ok::<_, Infallible>(handle(&api, req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
-            }
-        });
-    }
+        async move { handle(&api, req).await }
+    };
+    crate::server::serve("cluster", listener, Duration::from_secs(10), shutdown, handler).await
 }
 
 async fn handle(api: &Api, req: Request<Incoming>) -> Resp {

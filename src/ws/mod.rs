@@ -9,17 +9,13 @@ pub mod placement;
 pub mod registry;
 pub mod session;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -85,40 +81,9 @@ async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// Serves the public listener until `shutdown` fires.
 pub async fn run(listener: TcpListener, gate: Arc<Gate>, shutdown: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // Out of file descriptors or similar: back off instead of spinning.
-                    tracing::warn!(error = %e, "public listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let g = gate.clone();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let timeout = g.header_read_timeout;
-            let svc = service_fn(move |req| {
-                let g = g.clone();
-                async move { Ok::<_, Infallible>(route(g, req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout)
-                .serve_connection(TokioIo::new(stream), svc)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
-            }
-        });
-    }
+    let timeout = gate.header_read_timeout;
+    let handler = move |req| route(gate.clone(), req);
+    crate::server::serve("public", listener, timeout, shutdown, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer

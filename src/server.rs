@@ -1,0 +1,61 @@
+//! The accept loop both listeners share: HTTP/1 with upgrades, TCP_NODELAY, a header-read deadline
+//! (slowloris guard; hyper needs a timer for it to work), graceful stop on shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Serves `listener` with `handler` until `shutdown` fires; `name` labels accept errors.
+pub async fn serve<H, Fut>(
+    name: &'static str,
+    listener: TcpListener,
+    header_read_timeout: Duration,
+    shutdown: CancellationToken,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (handler, stop) = (handler.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let fut = handler(req);
+                async move { Ok::<_, Infallible>(fut.await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+        });
+    }
+}
