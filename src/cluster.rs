@@ -25,6 +25,8 @@ pub enum ApplyEvent {
     Superseded { node: NodeId, conn: u64 },
     /// A sweep expired these nodes and deleted their routes.
     Swept { nodes: Vec<NodeId> },
+    /// A snapshot replaced the whole state: what it folded in fired no events, so reconcile.
+    Installed,
 }
 
 impl ClusterView {

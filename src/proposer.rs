@@ -95,6 +95,12 @@ impl Proposer {
         out
     }
 
+    /// Proposes on this node only, never forwarding: for the leader's own duties (ExtendLeases,
+    /// Sweep), which must not land in another leader's term, before its ExtendLeases.
+    pub async fn propose_local(&self, cmd: Command) -> Result<Reply, ProposeError> {
+        self.submit(cmd, true).await
+    }
+
     /// Like [`Proposer::propose`], but waits at most `deadline` (for callers on a period shorter
     /// than the propose timeout, such as lease renewals: a forward to a frozen leader must not
     /// hold up the next renewal).

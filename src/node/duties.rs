@@ -29,6 +29,8 @@ pub struct Renewer {
     pub mode: watch::Receiver<Mode>,
     /// When the last committed renewal was sent (fencing measures from it).
     pub renewed: watch::Sender<Instant>,
+    /// Random per process start (see `Command::Renew`).
+    pub incarnation: u64,
 }
 
 impl Renewer {
@@ -51,7 +53,14 @@ impl Renewer {
             // A draining node keeps renewing (it is alive) but stays out of the ring.
             let draining = *self.mode.borrow() == Mode::Draining;
             let sent_at = Instant::now();
-            let cmd = Command::Renew { node: self.me, at_ms: 0, lease_ms: self.lease_ms, connections, draining };
+            let cmd = Command::Renew {
+                node: self.me,
+                at_ms: 0,
+                lease_ms: self.lease_ms,
+                connections,
+                draining,
+                incarnation: self.incarnation,
+            };
             match self.proposer.propose_within(cmd, period).await {
                 // The lease runs from about when the renewal was sent: fencing measures from there.
                 Ok(_) => {
@@ -111,7 +120,7 @@ pub async fn leader_loop(
         if extended_term != Some(term) {
             // Push every live lease past the election gap before this term's first sweep.
             let extend = Command::ExtendLeases { at_ms: 0, lease_ms: timing.lease_ms };
-            match proposer.propose(extend).await {
+            match proposer.propose_local(extend).await {
                 Ok(_) => {
                     tracing::info!(term, "leader: leases extended, sweeping from now on");
                     extended_term = Some(term);
@@ -155,7 +164,7 @@ async fn sweep(proposer: &Proposer, view: &ClusterWatch, metrics: &Metrics) {
     if candidates.is_empty() {
         return;
     }
-    match proposer.propose(Command::Sweep { at_ms: 0, grace_ms: 0, candidates }).await {
+    match proposer.propose_local(Command::Sweep { at_ms: 0, grace_ms: 0, candidates }).await {
         Ok(Reply::Swept { expired, routes_deleted }) if !expired.is_empty() => {
             metrics.nodes_expired.inc_by(expired.len() as u64);
             tracing::info!(?expired, routes_deleted, "leader: swept lapsed leases");

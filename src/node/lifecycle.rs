@@ -2,7 +2,7 @@
 //! (V7). Drain: refuse handshakes, leave the ring everywhere at once (`Drain`), tell every device
 //! (`goaway` + 1001, paced by `drain_rate`), wait for them or `drain_timeout`, then `ReleaseNode`.
 //! Fencing: when no lease renewal has committed for `lease - margin` (margin = lease/5), refuse
-//! handshakes; close the connections still open `margin` later with 1013 (apply events may close them first with
+//! handshakes; close the connections still open `margin/2` later with 1013 (apply events may close them first with
 //! 4001/4002); when a renewal commits again, close every connection whose route was taken over or
 //! swept, and serve again.
 
@@ -20,7 +20,7 @@ use crate::ws::{self, Gate, Mode};
 
 /// Fencing starts `lease / 5` before the lease could lapse (renewals are timed from when they were
 /// sent, before the leader stamps them, so the margin only covers clock-rate drift and delivery);
-/// connections still open a further `lease / 5` later are closed with 1013.
+/// connections still open a further `lease / 10` later (before the lease can lapse) are closed with 1013.
 pub const FENCE_MARGIN_DIVISOR: u32 = 5;
 
 /// Drain pacing knobs.
@@ -46,7 +46,8 @@ pub async fn drain(me: NodeId, gate: &Gate, mode: &watch::Sender<Mode>, proposer
     let total = sessions.len();
     let mut pace = tokio::time::interval(Duration::from_secs_f64(1.0 / cfg.drain_rate.max(0.001)));
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    for (conn, _) in sessions {
+    for s in sessions {
+        let conn = s.conn;
         if tokio::time::timeout_at(deadline, pace.tick()).await.is_err() {
             break;
         }
@@ -95,11 +96,13 @@ pub async fn fence_loop(
                 fenced_at = Some(Instant::now());
                 closed = false;
             }
-            (Mode::Fenced, true, Some(at)) if !closed && at.elapsed() >= margin => {
+            (Mode::Fenced, true, Some(at)) if !closed && at.elapsed() >= margin / 2 => {
                 let n = gate.registry.len();
-                for (conn, _) in gate.registry.sessions() {
-                    gate.registry
-                        .send(conn, Control::Close { code: close::TRY_AGAIN_LATER, reason: "node lost quorum".into() });
+                for s in gate.registry.sessions() {
+                    gate.registry.send(
+                        s.conn,
+                        Control::Close { code: close::TRY_AGAIN_LATER, reason: "node lost quorum".into() },
+                    );
                 }
                 tracing::warn!(connections = n, "fenced: closed connections with 1013");
                 closed = true;

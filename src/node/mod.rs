@@ -176,6 +176,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
                 sessions: registry.clone(),
                 mode: mode.clone(),
                 renewed: renewed_tx,
+                incarnation: rand::random(),
             }
             .run(tasks.clone()),
         ),

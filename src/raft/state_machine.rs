@@ -109,6 +109,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let meta = blocking(subject, ErrorVerb::Write, move || db.install(&smeta, &data)).await?;
         self.metrics.snapshots_installed.inc();
+        let _ = self.events.send(ApplyEvent::Installed);
         tracing::info!(last_log_id = ?meta.last_applied, "installed a snapshot from the leader");
         self.publish(meta);
         Ok(())

@@ -70,7 +70,10 @@ pub enum Command {
     /// Deletes the device's route only if it still names `conn`.
     Release { device: String, conn: u64 },
     /// Renews `node`'s lease to `at_ms + lease_ms` (never shorter) and publishes its load.
-    Renew { node: NodeId, at_ms: u64, lease_ms: u64, connections: u64, draining: bool },
+    /// `incarnation` is random per process start: a draining node stays draining until a
+    /// renewal from a new incarnation (a restart), so a renewal that raced a `Drain` cannot put
+    /// the node back into the ring.
+    Renew { node: NodeId, at_ms: u64, lease_ms: u64, connections: u64, draining: bool, incarnation: u64 },
     /// Expires each candidate whose `lease_until + grace_ms < at_ms` and deletes its routes.
     Sweep { at_ms: u64, grace_ms: u64, candidates: Vec<NodeId> },
     /// Pushes every unexpired lease to at least `at_ms + lease_ms` (new leader, before any sweep).
@@ -156,4 +159,6 @@ pub struct NodeLease {
     pub connections: u64,
     /// Routes currently naming this node (maintained by apply).
     pub routes: u64,
+    /// The renewing process's incarnation (see `Command::Renew`).
+    pub incarnation: u64,
 }

@@ -205,7 +205,15 @@ impl StateDb {
     pub fn save_snapshot(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
-        txn.open_table(SNAPSHOT)?.insert(CURRENT_SNAPSHOT, encode(&(meta, data))?.as_slice())?;
+        {
+            let mut t = txn.open_table(SNAPSHOT)?;
+            // A build runs beside applies and installs: never replace a newer snapshot (an
+            // install may have stored one while this build was dumping).
+            let stored = t.get(CURRENT_SNAPSHOT)?.map(|v| decode::<(SnapshotMeta, Vec<u8>)>(v.value())).transpose()?;
+            if stored.is_none_or(|(m, _)| m.last_log_id < meta.last_log_id) {
+                t.insert(CURRENT_SNAPSHOT, encode(&(meta, data))?.as_slice())?;
+            }
+        }
         txn.commit()?;
         Ok(())
     }
@@ -303,16 +311,23 @@ impl<'t> Tables<'t> {
                     _ => Reply::Released(false),
                 }
             }
-            Command::Renew { node, at_ms, lease_ms, connections, draining } => {
+            Command::Renew { node, at_ms, lease_ms, connections, draining, incarnation } => {
                 if meta.is_member(node) {
                     let lease = meta.nodes.entry(node).or_insert(NodeLease {
                         lease_until_ms: 0,
                         state: LeaseState::Live,
                         connections: 0,
                         routes: 0,
+                        incarnation,
                     });
                     lease.lease_until_ms = lease.lease_until_ms.max(at_ms.saturating_add(lease_ms));
-                    lease.state = if draining { LeaseState::Draining } else { LeaseState::Live };
+                    let same_process = lease.incarnation == incarnation;
+                    lease.state = match lease.state {
+                        _ if draining => LeaseState::Draining,
+                        LeaseState::Draining if same_process => LeaseState::Draining,
+                        _ => LeaseState::Live,
+                    };
+                    lease.incarnation = incarnation;
                     lease.connections = connections;
                     dirty.push(node);
                 }

@@ -14,8 +14,8 @@ const MEMBERS: [NodeId; 3] = [1, 2, 3];
 /// The design's §3 table, written as plainly as possible over in-memory maps.
 #[derive(Debug, Default)]
 struct Model {
-    /// node → (lease_until_ms, state, connections)
-    nodes: BTreeMap<NodeId, (u64, LeaseState, u64)>,
+    /// node → (lease_until_ms, state, connections, incarnation)
+    nodes: BTreeMap<NodeId, (u64, LeaseState, u64, u64)>,
     routes: BTreeMap<String, Route>,
     floors: BTreeMap<String, Floor>,
     ring_version: u64,
@@ -64,12 +64,15 @@ impl Model {
                 }
                 Reply::Released(holds)
             }
-            Command::Renew { node, at_ms, lease_ms, connections, draining } => {
+            Command::Renew { node, at_ms, lease_ms, connections, draining, incarnation } => {
                 if MEMBERS.contains(&node) {
-                    let l = self.nodes.entry(node).or_insert((0, LeaseState::Live, 0));
+                    let l = self.nodes.entry(node).or_insert((0, LeaseState::Live, 0, incarnation));
                     l.0 = l.0.max(at_ms + lease_ms);
-                    l.1 = if draining { LeaseState::Draining } else { LeaseState::Live };
+                    // Draining sticks until a renewal from another incarnation (a restart).
+                    let sticky = l.1 == LeaseState::Draining && l.3 == incarnation;
+                    l.1 = if draining || sticky { LeaseState::Draining } else { LeaseState::Live };
                     l.2 = connections;
+                    l.3 = incarnation;
                 }
                 Reply::Done
             }
@@ -113,8 +116,8 @@ impl Model {
         let count = |n: NodeId| self.routes.values().filter(|r| r.node == n).count() as u64;
         self.nodes
             .iter()
-            .map(|(&id, &(lease_until_ms, state, connections))| {
-                (id, NodeLease { lease_until_ms, state, connections, routes: count(id) })
+            .map(|(&id, &(lease_until_ms, state, connections, incarnation))| {
+                (id, NodeLease { lease_until_ms, state, connections, routes: count(id), incarnation })
             })
             .collect()
     }
@@ -123,8 +126,15 @@ impl Model {
 fn command() -> impl Strategy<Value = Command> {
     let device = (0..5u8).prop_map(|d| format!("d{d}"));
     prop_oneof![
-        3 => (1..=4u64, 0..400u64, 20..150u64, 0..5u64, prop::bool::weighted(0.1)).prop_map(
-            |(node, at_ms, lease_ms, connections, draining)| Command::Renew { node, at_ms, lease_ms, connections, draining }
+        3 => (1..=4u64, 0..400u64, 20..150u64, 0..5u64, prop::bool::weighted(0.1), 0..2u64).prop_map(
+            |(node, at_ms, lease_ms, connections, draining, incarnation)| Command::Renew {
+                node,
+                at_ms,
+                lease_ms,
+                connections,
+                draining,
+                incarnation
+            }
         ),
         6 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64)
             .prop_map(|(device, node, conn, epoch, attempt)| Command::Claim { device, node, conn, epoch, attempt }),

@@ -108,7 +108,7 @@ pub(super) fn claim(device: &str, node: NodeId, conn: u64, epoch: u64, attempt: 
 }
 
 pub(super) fn renew(node: NodeId, at_ms: u64, lease_ms: u64) -> Command {
-    Command::Renew { node, at_ms, lease_ms, connections: 0, draining: false }
+    Command::Renew { node, at_ms, lease_ms, connections: 0, draining: false, incarnation: 0 }
 }
 
 pub(super) fn sweep(at_ms: u64, grace_ms: u64, candidates: &[NodeId]) -> Command {
@@ -298,7 +298,7 @@ fn renew_from_non_member_changes_nothing() {
     sm.one(renew(1, 0, 1000));
     let (before, meta) = (sm.state_bytes(), sm.meta.clone());
     assert_eq!(
-        sm.one(Command::Renew { node: 9, at_ms: 10, lease_ms: 1000, connections: 3, draining: false }),
+        sm.one(Command::Renew { node: 9, at_ms: 10, lease_ms: 1000, connections: 3, draining: false, incarnation: 0 }),
         Reply::Done
     );
     assert_eq!(sm.state_bytes(), before);
@@ -345,7 +345,11 @@ fn ring_version_changes_exactly_with_the_live_set() {
     step(&mut sm, sweep(50, 0, &[1, 2]), false); // nothing lapsed
     step(&mut sm, Command::Drain { node: 2, at_ms: 60 }, true);
     step(&mut sm, Command::Drain { node: 2, at_ms: 60 }, false);
-    step(&mut sm, Command::Renew { node: 3, at_ms: 0, lease_ms: 100, connections: 0, draining: true }, false);
+    step(
+        &mut sm,
+        Command::Renew { node: 3, at_ms: 0, lease_ms: 100, connections: 0, draining: true, incarnation: 0 },
+        false,
+    );
     step(&mut sm, sweep(500, 0, &[1]), true); // 1 expires
     step(&mut sm, sweep(500, 0, &[3]), false); // 3 was draining: not in the live set
     step(&mut sm, renew(9, 0, 100), false); // not a member
@@ -384,4 +388,31 @@ pub(super) fn install_copy(sm: &Sm) -> Sm {
     copy.meta = copy.db.install(&smeta, &data).unwrap();
     copy.index = sm.index;
     copy
+}
+
+#[test]
+fn drain_sticks_until_a_new_incarnation_renews() {
+    let mut sm = Sm::new();
+    let renew_as = |incarnation: u64, draining: bool| Command::Renew {
+        node: 1,
+        at_ms: 10,
+        lease_ms: 1000,
+        connections: 0,
+        draining,
+        incarnation,
+    };
+    sm.one(renew_as(7, false));
+    assert_eq!(sm.lease(1).unwrap().state, LeaseState::Live);
+    sm.one(Command::Drain { node: 1, at_ms: 20 });
+    // A renewal from the same process that raced the drain (sent as not draining) keeps it out.
+    sm.one(renew_as(7, false));
+    assert_eq!(sm.lease(1).unwrap().state, LeaseState::Draining, "a stale renewal undid a drain");
+    // A restarted process (new incarnation) is live again.
+    sm.one(renew_as(8, false));
+    assert_eq!(sm.lease(1).unwrap().state, LeaseState::Live);
+    // An expired node of the same process comes back when it renews (paused and resumed).
+    sm.one(Command::Sweep { at_ms: 5_000, grace_ms: 0, candidates: vec![1] });
+    assert_eq!(sm.lease(1).unwrap().state, LeaseState::Expired);
+    sm.one(Command::Renew { node: 1, at_ms: 6_000, lease_ms: 1000, connections: 0, draining: false, incarnation: 8 });
+    assert_eq!(sm.lease(1).unwrap().state, LeaseState::Live);
 }

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use rand::RngCore;
 
-use super::placement::{is_live, place};
+use super::placement::place;
 use super::session::{self, Ended};
 use super::{Gate, Mode};
 use crate::metrics::ResultLabel;
@@ -78,7 +78,10 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
         Mode::Fenced => return Err(unavailable("no_quorum")),
         Mode::Serving => {}
     }
-    if !is_live(&g.view.borrow(), g.me, now_ms()) {
+    // Whether this node may serve is decided by the applied state plus its own monotonic-clock
+    // fence (Mode), never by comparing the leader's lease stamp with this node's wall clock.
+    let live = g.view.borrow().lease(g.me).is_some_and(|l| l.state == crate::raft::types::LeaseState::Live);
+    if !live {
         return Err(unavailable("not_live"));
     }
     g.verifier.verify(&bearer(req, q)).map(|c| (c.sub, c.epoch)).map_err(|e| {
@@ -174,10 +177,12 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
             return refuse(&g, StatusCode::INTERNAL_SERVER_ERROR, "internal", serde_json::json!({}), None);
         }
         Ok(Err(e)) => {
+            release_later(&g, &device, conn);
             let msg = serde_json::json!({"message": e.to_string()});
             return refuse(&g, StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg, Some(1));
         }
         Err(_) => {
+            release_later(&g, &device, conn);
             let msg = serde_json::json!({"message": "the claim did not commit before the handshake deadline"});
             return refuse(&g, StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg, Some(1));
         }
@@ -192,6 +197,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         }
     };
     g.metrics.handshakes.get_or_create(&ResultLabel { result: "accepted" }).inc();
+    g.registry.accepted(conn, version);
     let hello = ServerFrame::Hello {
         device: device.clone(),
         node: g.name.clone(),
@@ -217,6 +223,13 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     });
     let (parts, _) = response.into_parts();
     Response::from_parts(parts, Full::new(Bytes::new()))
+}
+
+/// The claim's outcome is unknown (timed out, forward failed): it may still commit and name a
+/// connection that does not exist, so release it in the background (conn-checked, harmless if not).
+fn release_later(g: &Arc<Gate>, device: &str, conn: u64) {
+    let (gate, device) = (g.clone(), device.to_string());
+    g.tracker.spawn(async move { release(&gate, &device, conn).await });
 }
 
 async fn release(g: &Gate, device: &str, conn: u64) {

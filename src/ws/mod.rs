@@ -99,10 +99,11 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<App
                 handshake::kick(&gate, conn, close::SUPERSEDED, "superseded by a newer claim");
             }
             Ok(ApplyEvent::Swept { nodes }) if nodes.contains(&gate.me) => {
-                for (conn, _) in gate.registry.sessions() {
-                    handshake::kick(&gate, conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
+                for s in gate.registry.sessions() {
+                    handshake::kick(&gate, s.conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
                 }
             }
+            Ok(ApplyEvent::Installed) => reconcile(&gate).await,
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "apply events lagged; reconciling sessions with the routes");
@@ -113,22 +114,26 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<App
     }
 }
 
-/// Closes every session whose route no longer names it (4001 if another conn holds it, else 4002).
+/// Closes every accepted session whose route was taken over (4001) or deleted (4002) according
+/// to the applied state. Sessions whose claim is still pending, or that this node has not applied
+/// yet (the local route is older than the session's), are left alone.
 pub async fn reconcile(gate: &Arc<Gate>) {
-    for (conn, device) in gate.registry.sessions() {
+    for s in gate.registry.sessions() {
+        let Some(version) = s.version else { continue };
         let lookup = gate.routes.clone();
-        let d = device.clone();
-        let Ok(Ok((route, _))) = tokio::task::spawn_blocking(move || lookup.lookup(&d)).await else {
+        let d = s.device.clone();
+        let Ok(Ok((route, floor))) = tokio::task::spawn_blocking(move || lookup.lookup(&d)).await else {
             continue;
         };
         match route {
-            Some(r) if r.node == gate.me && r.conn == conn => {}
-            Some(_) => {
-                handshake::kick(gate, conn, close::SUPERSEDED, "superseded by a newer claim");
+            Some(r) if r.node == gate.me && r.conn == s.conn => {}
+            Some(r) if r.version > version => {
+                handshake::kick(gate, s.conn, close::SUPERSEDED, "superseded by a newer claim");
             }
-            None => {
-                handshake::kick(gate, conn, close::ROUTE_LOST, "route lost");
+            None if floor.is_some_and(|f| f.max_version >= version) => {
+                handshake::kick(gate, s.conn, close::ROUTE_LOST, "route lost");
             }
+            _ => {} // this node has not applied the session's own claim yet
         }
     }
 }

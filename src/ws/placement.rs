@@ -71,7 +71,10 @@ mod tests {
         let membership = openraft::Membership::new(vec![voters], nodes);
         let mut meta = Meta { membership: openraft::StoredMembership::new(None, membership), ..Default::default() };
         for (id, state, until, conns) in leases {
-            meta.nodes.insert(*id, NodeLease { lease_until_ms: *until, state: *state, connections: *conns, routes: 0 });
+            meta.nodes.insert(
+                *id,
+                NodeLease { lease_until_ms: *until, state: *state, connections: *conns, routes: 0, incarnation: 0 },
+            );
         }
         ClusterView::new(meta, None)
     }

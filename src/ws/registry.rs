@@ -19,6 +19,16 @@ pub enum Control {
 struct Entry {
     device: String,
     tx: mpsc::Sender<Control>,
+    /// The route version its claim got; None while the claim is pending.
+    version: Option<u64>,
+}
+
+/// One registered session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub conn: u64,
+    pub device: String,
+    pub version: Option<u64>,
 }
 
 /// Live sessions by connection id.
@@ -48,7 +58,7 @@ impl Registry {
     /// Registers a session; its control channel has room for a few commands (only the first close matters).
     pub fn register(&self, conn: u64, device: &str) -> (Registration, mpsc::Sender<Control>, mpsc::Receiver<Control>) {
         let (tx, rx) = mpsc::channel(4);
-        self.lock().insert(conn, Entry { device: device.to_string(), tx: tx.clone() });
+        self.lock().insert(conn, Entry { device: device.to_string(), tx: tx.clone(), version: None });
         (Registration { registry: self.clone(), conn }, tx, rx)
     }
 
@@ -58,9 +68,16 @@ impl Registry {
         tx.is_some_and(|tx| tx.try_send(ctl).is_ok())
     }
 
-    /// Every (conn, device) registered now.
-    pub fn sessions(&self) -> Vec<(u64, String)> {
-        self.lock().iter().map(|(c, e)| (*c, e.device.clone())).collect()
+    /// Records the route version the session's claim was accepted with.
+    pub fn accepted(&self, conn: u64, version: u64) {
+        if let Some(e) = self.lock().get_mut(&conn) {
+            e.version = Some(version);
+        }
+    }
+
+    /// Every session registered now.
+    pub fn sessions(&self) -> Vec<Session> {
+        self.lock().iter().map(|(c, e)| Session { conn: *c, device: e.device.clone(), version: e.version }).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -80,7 +97,9 @@ mod tests {
     fn registration_lives_until_dropped() {
         let r = Registry::default();
         let (reg, _tx, mut rx) = r.register(7, "d1");
-        assert_eq!(r.sessions(), vec![(7, "d1".to_string())]);
+        assert_eq!(r.sessions(), vec![Session { conn: 7, device: "d1".to_string(), version: None }]);
+        r.accepted(7, 3);
+        assert_eq!(r.sessions()[0].version, Some(3));
         assert!(r.send(7, Control::Close { code: 4001, reason: "superseded".into() }));
         assert_eq!(rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
         assert!(!r.send(8, Control::Goaway { reason: "drain".into() }));

@@ -106,7 +106,7 @@ pub async fn run(
                 },
             },
             _ = ping.tick() => {
-                let idle = started.elapsed().as_millis() as u64 - last_seen_ms.load(Ordering::Relaxed);
+                let idle = (started.elapsed().as_millis() as u64).saturating_sub(last_seen_ms.load(Ordering::Relaxed));
                 if idle > cfg.idle_ms {
                     close_with = Some((close::NORMAL, "idle timeout".into()));
                     break;
