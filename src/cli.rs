@@ -121,6 +121,9 @@ pub enum Command {
     /// times 50 %, 99 % and 100 % of the devices were connected, and when the last one got in.
     #[command(verbatim_doc_comment)]
     PlanStorm(PlanStormArgs),
+    /// Load tool: run N simulated devices against a cluster (steady, or a kill/drain storm) and
+    /// report connect rate, handshake latency, outcomes, re-homing and server memory.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Where the CLI finds the cluster secret.

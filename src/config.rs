@@ -256,11 +256,14 @@ impl Config {
         if d.ping_ms == 0 || d.idle_ms <= d.ping_ms {
             return bad(format!("idle_ms ({}) must be greater than ping_ms ({})", d.idle_ms, d.ping_ms));
         }
-        if !(d.admit_rate > 0.0 && d.admit_rate.is_finite()) || d.admit_burst == 0 {
-            return bad(format!("admit_rate ({}) and admit_burst ({}) must be positive", d.admit_rate, d.admit_burst));
+        if !(0.01..=1e9).contains(&d.admit_rate) || d.admit_burst == 0 {
+            return bad(format!(
+                "admit_rate ({}) must be in 0.01..=1e9 and admit_burst ({}) positive",
+                d.admit_rate, d.admit_burst
+            ));
         }
-        if !(d.drain_rate > 0.0 && d.drain_rate.is_finite()) {
-            return bad(format!("drain_rate ({}) must be positive", d.drain_rate));
+        if !(0.01..=1e9).contains(&d.drain_rate) {
+            return bad(format!("drain_rate ({}) must be in 0.01..=1e9", d.drain_rate));
         }
         if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
             return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());

@@ -16,6 +16,7 @@
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline).
 //! - [`admin`] HTTP client for the admin API (used by the CLI).
 //! - [`client`] the device client: full-jitter backoff, dial, reconnect policy, `Device` run loop.
+//! - [`bench`] `gateway bench`: the load tool (N `client` devices, steady or storm; report).
 //! - [`plan`] `plan-storm`: a discrete-time reconnect-storm model for capacity planning (pure).
 //!
 //! # Architecture invariants
@@ -27,6 +28,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod cluster;

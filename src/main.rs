@@ -122,6 +122,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print!("{}", report.render());
             }
         }
+        Command::Bench(args) => {
+            use gateway::bench::BenchError;
+            let json = match &args.scenario {
+                gateway::bench::Scenario::Steady { common, .. } | gateway::bench::Scenario::Storm { common, .. } => {
+                    common.json
+                }
+            };
+            let report = gateway::bench::scenario::run(args).await.map_err(|e| match e {
+                BenchError::Usage(m) => Failure::Usage(m),
+                BenchError::Config(m) => Failure::Config(m),
+                BenchError::Runtime(m) => Failure::Runtime(m),
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&report).expect("plain struct"));
+            } else {
+                print!("{}", report.render());
+            }
+        }
         Command::Drain { node, wait, secret } => {
             let admin = admin(&secret)?;
             admin.drain(&node).await?;

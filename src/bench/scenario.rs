@@ -1,0 +1,320 @@
+//! The `steady` and `storm` runs: set up (secrets, tokens, pids, sources), start the devices,
+//! wait for them, trigger the storm, sample server memory, shut down, build the report.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::report::{NodeMemory, Report, StormReport};
+use super::stats::{self, Kind};
+use super::sys;
+use super::{device_config, events, BenchArgs, BenchError, CommonArgs, Recorder, Scenario};
+use crate::admin::Admin;
+use crate::client::device::{Device, MemoryStore};
+use crate::http::HttpClient;
+use crate::node::identity;
+
+const WINDOW_US: u64 = 250_000;
+const CALL: Duration = Duration::from_secs(5);
+
+enum Trigger {
+    Drain { node: String, addr: String },
+    Kill { node: String, pid: u32 },
+}
+
+/// One memory sample of a node: (rss, connections).
+type Sample = BTreeMap<String, (Option<u32>, &'static str, Option<u64>, Option<u64>)>;
+
+struct Ctx {
+    c: CommonArgs,
+    admin: Option<(Admin, HttpClient, String)>,
+    pids: BTreeMap<String, u32>,
+}
+
+impl Ctx {
+    /// Per node: pid, where the RSS came from, RSS, live connections.
+    async fn sample(&self) -> Sample {
+        let mut out = Sample::new();
+        let members = match &self.admin {
+            Some((admin, _, cluster)) => match admin.status(cluster).await {
+                Ok(s) => s.members.into_iter().map(|m| (m.name, Some(m.cluster_addr), Some(m.connections))).collect(),
+                Err(e) => {
+                    eprintln!("bench: status from {cluster}: {e}");
+                    Vec::new()
+                }
+            },
+            None => self.pids.keys().map(|n| (n.clone(), None, None)).collect::<Vec<_>>(),
+        };
+        for (name, addr, status_conns) in members {
+            let metrics = match (&self.admin, &addr) {
+                (Some((_, http, _)), Some(addr)) => match http.get(addr, "/metrics", CALL).await {
+                    Ok((st, body)) if st.is_success() => Some(String::from_utf8_lossy(&body).into_owned()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let m = |k: &str| metrics.as_deref().and_then(|t| sys::metric(t, k)).map(|v| v as u64);
+            let pid = self.pids.get(&name).copied();
+            let (source, rss) = match (pid.and_then(sys::rss), m("gateway_process_resident_memory_bytes")) {
+                (Some(r), _) => ("proc", Some(r)),
+                (None, Some(r)) => ("metrics", Some(r)),
+                (None, None) => ("n/a", None),
+            };
+            // The live gauge when /metrics has it; status counts lag by up to a lease renewal.
+            let conns = m("gateway_connections").or(status_conns);
+            out.insert(name, (pid, source, rss, conns));
+        }
+        out
+    }
+}
+
+fn memory(before: &Sample, after: &Sample) -> Vec<NodeMemory> {
+    after
+        .iter()
+        .map(|(name, &(pid, source, rss_after, conns_after))| {
+            let (rss_before, conns_before) = before.get(name).map_or((None, None), |b| (b.2, b.3));
+            let per = match (rss_before, rss_after, conns_before, conns_after) {
+                (Some(rb), Some(ra), Some(cb), Some(ca)) if ca > cb => Some((ra as f64 - rb as f64) / (ca - cb) as f64),
+                _ => None,
+            };
+            NodeMemory {
+                node: name.clone(),
+                pid,
+                source: source.to_string(),
+                rss_before_bytes: rss_before,
+                rss_after_bytes: rss_after,
+                connections_before: conns_before,
+                connections_after: conns_after,
+                bytes_per_connection: per.map(|b| b.round()),
+            }
+        })
+        .collect()
+}
+
+/// Polls `done` every 50 ms until it holds or `bound` passes; true if it held.
+async fn wait_for(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + bound;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
+    let (c, secs, storm, timeout) = match args.scenario {
+        Scenario::Steady { common, secs } => (common, secs, None, 0),
+        Scenario::Storm { common, kill, drain, kill_pid, timeout_secs } => {
+            (common, 0, Some((kill, drain, kill_pid)), timeout_secs)
+        }
+    };
+    if c.devices == 0 {
+        return Err(BenchError::Usage("--devices must be at least 1".into()));
+    }
+    let cfg_err = |e: crate::node::NodeError| BenchError::Config(e.to_string());
+    let device_secret =
+        identity::cli_device_secret(c.device_secret_file.as_deref(), &c.secret.data_dir).map_err(cfg_err)?;
+    let admin = match &c.cluster {
+        Some(cluster) => {
+            let s = identity::cli_cluster_secret(c.secret.cluster_secret_file.as_deref(), &c.secret.data_dir)
+                .map_err(cfg_err)?;
+            Some((Admin::new(HttpClient::new(&s)), HttpClient::new(&s), cluster.clone()))
+        }
+        None => None,
+    };
+    let kill_name = storm.as_ref().and_then(|s| s.0.clone());
+    let pids = sys::pids(&c.pid_file, &c.pid, kill_name.as_deref())?;
+    let trigger = match storm {
+        None => None,
+        Some((Some(node), _, kill_pid)) => {
+            let pid = kill_pid.or_else(|| pids.get(&node).copied()).ok_or_else(|| {
+                BenchError::Usage(format!("--kill {node}: give its pid (--kill-pid, --pid {node}=PID or --pid-file)"))
+            })?;
+            Some(Trigger::Kill { node, pid })
+        }
+        Some((None, Some(node), _)) => {
+            let Some((admin, _, cluster)) = &admin else {
+                return Err(BenchError::Usage("--drain needs --cluster".into()));
+            };
+            let st = admin.status(cluster).await.map_err(|e| BenchError::Runtime(e.to_string()))?;
+            let m = st.members.iter().find(|m| m.name == node).ok_or_else(|| {
+                let names: Vec<_> = st.members.iter().map(|m| m.name.as_str()).collect();
+                BenchError::Usage(format!("--drain {node}: no such member (members: {})", names.join(", ")))
+            })?;
+            Some(Trigger::Drain { node, addr: m.cluster_addr.clone() })
+        }
+        Some((None, None, _)) => return Err(BenchError::Usage("storm needs --kill or --drain".into())),
+    };
+    if let Some(limit) = sys::open_files_limit() {
+        if u64::from(c.devices) + 64 > limit {
+            eprintln!(
+                "bench: warning: {} devices but the open-files limit is {limit}; split over processes",
+                c.devices
+            );
+        }
+    }
+    let sources: Vec<IpAddr> = sys::sources(c.sources, &c.nodes);
+    let exp = crate::proposer::now_ms() / 1000 + 86_400;
+    let mut tokens = Vec::with_capacity(c.devices as usize);
+    for i in 0..c.devices {
+        let id = format!("{}-{}", c.prefix, c.first + i);
+        tokens.push(
+            crate::ws::auth::mint(&device_secret, &id, 0, exp).map_err(|e| BenchError::Usage(format!("{id}: {e}")))?,
+        );
+    }
+    let ctx = Ctx { c, admin, pids };
+    let c = &ctx.c;
+    let n = c.devices;
+    let before = ctx.sample().await;
+
+    // Devices, spawned by a pacer (--ramp), and the progress line.
+    let rec = Recorder::new(n as usize);
+    let stop = CancellationToken::new();
+    let spawner: JoinHandle<Vec<JoinHandle<()>>> = {
+        let (rec, stop, c, sources) = (rec.clone(), stop.clone(), c.clone(), sources.clone());
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let mut handles = Vec::with_capacity(n as usize);
+            for (i, token) in (0..n).zip(tokens) {
+                if c.ramp > 0 {
+                    tokio::time::sleep_until(t0 + Duration::from_secs_f64(f64::from(i) / f64::from(c.ramp))).await;
+                }
+                if stop.is_cancelled() {
+                    break;
+                }
+                let dev = Device::new(device_config(&c, i, &token, &sources), Box::new(MemoryStore::new(0)));
+                let (ev, stop) = (events(rec.clone(), i), stop.clone());
+                handles.push(tokio::spawn(async move {
+                    dev.run(ev, stop).await;
+                }));
+            }
+            handles
+        })
+    };
+    let progress_stop = CancellationToken::new();
+    let progress = {
+        let (rec, ps) = (rec.clone(), progress_stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tokio::select! { _ = ps.cancelled() => return, _ = tick.tick() => {} }
+                eprintln!(
+                    "bench {:>5.1}s: connected {}/{n} (ever {}), attempts {}, failures {}",
+                    rec.now_us() as f64 / 1e6,
+                    rec.up.load(Ordering::Relaxed),
+                    rec.ever.load(Ordering::Relaxed),
+                    rec.attempts.load(Ordering::Relaxed),
+                    rec.failures.load(Ordering::Relaxed)
+                );
+            }
+        })
+    };
+
+    let all = wait_for(Duration::from_secs(c.connect_timeout_secs), || rec.ever.load(Ordering::Relaxed) == n).await;
+    let connected = rec.ever.load(Ordering::Relaxed);
+    if !all {
+        eprintln!("bench: only {connected}/{n} devices connected within {} s", c.connect_timeout_secs);
+    }
+    let mut storm_report = None;
+    let after;
+    match trigger {
+        None => {
+            sleep(Duration::from_secs(secs)).await;
+            after = ctx.sample().await;
+        }
+        Some(t) => {
+            after = ctx.sample().await;
+            let (event, node) = match &t {
+                Trigger::Drain { node, .. } => ("drain", node.clone()),
+                Trigger::Kill { node, .. } => ("kill", node.clone()),
+            };
+            let affected: HashSet<u32> = rec.on_node(&node).into_iter().collect();
+            if affected.is_empty() {
+                eprintln!("bench: no device of this process is connected to {node} (per node: {:?})", rec.per_node());
+            }
+            let trigger_us = rec.now_us();
+            eprintln!("bench: {event} {node} with {} devices on it", affected.len());
+            match &t {
+                Trigger::Drain { addr, .. } => {
+                    let (admin, _, _) = ctx.admin.as_ref().expect("checked above");
+                    admin.drain(addr).await.map_err(|e| BenchError::Runtime(format!("drain {node}: {e}")))?;
+                }
+                Trigger::Kill { pid, .. } => sys::kill9(*pid)?,
+            }
+            let done = wait_for(Duration::from_secs(timeout), || {
+                rec.up.load(Ordering::Relaxed) == n
+                    && rec.with_log(|log| stats::rehome_delays(log, trigger_us, &affected).len()) == affected.len()
+            })
+            .await;
+            let end_us = rec.now_us();
+            storm_report = Some(rec.with_log(|log| {
+                let delays = stats::rehome_delays(log, trigger_us, &affected);
+                let total = affected.len();
+                StormReport {
+                    event: event.into(),
+                    node,
+                    trigger_ms: trigger_us / 1000,
+                    affected: total as u32,
+                    rehomed: delays.len() as u32,
+                    t50_ms: stats::time_to_fraction(&delays, total, 0.5).map(|us| us / 1000),
+                    t99_ms: stats::time_to_fraction(&delays, total, 0.99).map(|us| us / 1000),
+                    t100_ms: stats::time_to_fraction(&delays, total, 1.0).map(|us| us / 1000),
+                    timed_out: !done,
+                    window_ms: WINDOW_US / 1000,
+                    windows: stats::windows(log, trigger_us, end_us, WINDOW_US),
+                    outcomes: stats::outcomes(log, trigger_us, u64::MAX),
+                }
+            }));
+        }
+    }
+    let connected_at_end = rec.up.load(Ordering::Relaxed);
+    let elapsed_ms = rec.now_us() / 1000;
+
+    stop.cancel();
+    let handles = spawner.await.map_err(|e| BenchError::Runtime(format!("spawner: {e}")))?;
+    let joined = tokio::time::timeout(Duration::from_secs(20), async {
+        for h in handles {
+            let _ = h.await;
+        }
+    })
+    .await;
+    if joined.is_err() {
+        eprintln!("bench: some devices did not shut down within 20 s");
+    }
+    progress_stop.cancel();
+    let _ = progress.await;
+
+    let report = rec.with_log(|log| {
+        let all_us = stats::all_connected_at(log, n as usize);
+        Report {
+            scenario: if storm_report.is_some() { "storm" } else { "steady" }.into(),
+            devices: n,
+            prefix: c.prefix.clone(),
+            first: c.first,
+            sources: sources.len() as u32,
+            connected,
+            connected_at_end,
+            all_connected_ms: all_us.map(|us| us / 1000),
+            connect_rate_per_s: all_us.filter(|&us| us > 0).map(|us| (f64::from(n) / (us as f64 / 1e6)).round()),
+            attempts: log.iter().filter(|r| r.kind == Kind::Dial).count() as u64,
+            accepts: log.iter().filter(|r| matches!(r.kind, Kind::Accept { .. })).count() as u64,
+            handshake: stats::latency(log),
+            outcomes: stats::outcomes(log, 0, u64::MAX),
+            errors: log.iter().filter(|r| r.kind.is_error()).count() as u64,
+            memory: memory(&before, &after),
+            storm: storm_report,
+            elapsed_ms,
+        }
+    });
+    Ok(report)
+}
