@@ -143,7 +143,7 @@ async fn connect(target: &Target, bind: Option<IpAddr>) -> std::io::Result<TcpSt
     let addrs = tokio::net::lookup_host(target.host_port()).await?;
     let addr: SocketAddr = addrs
         .into_iter()
-        .find(|a| bind.map_or(true, |b| b.is_ipv4() == a.is_ipv4()))
+        .find(|a| bind.is_none_or(|b| b.is_ipv4() == a.is_ipv4()))
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address of the bind family"))?;
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     if let Some(ip) = bind {
