@@ -82,7 +82,7 @@ fn killed_node_devices_rehome_on_survivors_within_admission() {
     });
     let swept_after = killed.elapsed();
     println!(
-        "[device_storm] n1's routes swept on every survivor after {swept_after:?} (bound {:?}: lease {} + sweep {} + election {} ms + slack); ring version {}",
+        "[device_storm] n1's routes swept on every survivor after {swept_after:?} (bound {:?}: lease {} + sweep {} + 4 x election {} ms + slack); ring version {}",
         TIMING.expiry_bound(),
         TIMING.lease_ms,
         TIMING.sweep_ms,
