@@ -222,6 +222,15 @@ pub struct ServeArgs {
     /// Longest a drain waits for devices to leave [default: 30000].
     #[arg(long, env = "GATEWAY_DRAIN_TIMEOUT_MS")]
     pub drain_timeout_ms: Option<u64>,
+    /// Messages retained per device stream [default: 1000].
+    #[arg(long, env = "GATEWAY_RETAIN_COUNT")]
+    pub retain_count: Option<u64>,
+    /// Age after which messages leave a stream [default: 86400000].
+    #[arg(long, env = "GATEWAY_RETAIN_MS")]
+    pub retain_ms: Option<u64>,
+    /// Largest payload a backend may publish [default: 65536].
+    #[arg(long, env = "GATEWAY_MAX_PAYLOAD_BYTES")]
+    pub max_payload_bytes: Option<usize>,
 }
 
 impl ServeArgs {
@@ -254,6 +263,9 @@ impl ServeArgs {
             send_queue: self.send_queue,
             drain_rate: self.drain_rate,
             drain_timeout_ms: self.drain_timeout_ms,
+            retain_count: self.retain_count,
+            retain_ms: self.retain_ms,
+            max_payload_bytes: self.max_payload_bytes,
         }
     }
 }

@@ -27,6 +27,8 @@ pub enum ApplyEvent {
     Swept { nodes: Vec<NodeId> },
     /// A snapshot replaced the whole state: what it folded in fired no events, so reconcile.
     Installed,
+    /// A message was appended to a device's stream while its route named (node, conn).
+    Published(crate::store::streams::Delivery),
 }
 
 impl ClusterView {

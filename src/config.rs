@@ -36,6 +36,9 @@ pub struct FileConfig {
     pub send_queue: Option<usize>,
     pub drain_rate: Option<f64>,
     pub drain_timeout_ms: Option<u64>,
+    pub retain_count: Option<u64>,
+    pub retain_ms: Option<u64>,
+    pub max_payload_bytes: Option<usize>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -93,6 +96,13 @@ pub struct DeviceConfig {
     pub drain_rate: f64,
     /// Longest a drain waits for its devices to leave before releasing the rest.
     pub drain_timeout_ms: u64,
+    /// Messages retained per device stream (older ones are dropped; a device syncing from
+    /// before them gets `sync_gap`).
+    pub retain_count: u64,
+    /// Messages older than this are dropped from a stream when the next one is published.
+    pub retain_ms: u64,
+    /// Largest message payload a backend may publish (JSON text).
+    pub max_payload_bytes: usize,
 }
 
 impl Default for DeviceConfig {
@@ -108,6 +118,9 @@ impl Default for DeviceConfig {
             send_queue: 256,
             drain_rate: 500.0,
             drain_timeout_ms: 30_000,
+            retain_count: 1000,
+            retain_ms: 86_400_000,
+            max_payload_bytes: 64 * 1024,
         }
     }
 }
@@ -188,6 +201,9 @@ impl Config {
             send_queue: flags.send_queue.or(file.send_queue).unwrap_or(dd.send_queue),
             drain_rate: flags.drain_rate.or(file.drain_rate).unwrap_or(dd.drain_rate),
             drain_timeout_ms: flags.drain_timeout_ms.or(file.drain_timeout_ms).unwrap_or(dd.drain_timeout_ms),
+            retain_count: flags.retain_count.or(file.retain_count).unwrap_or(dd.retain_count),
+            retain_ms: flags.retain_ms.or(file.retain_ms).unwrap_or(dd.retain_ms),
+            max_payload_bytes: flags.max_payload_bytes.or(file.max_payload_bytes).unwrap_or(dd.max_payload_bytes),
         };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
@@ -264,6 +280,9 @@ impl Config {
         }
         if !(0.01..=1e9).contains(&d.drain_rate) {
             return bad(format!("drain_rate ({}) must be in 0.01..=1e9", d.drain_rate));
+        }
+        if d.retain_count == 0 || d.retain_ms == 0 || !(2..=16 << 20).contains(&d.max_payload_bytes) {
+            return bad("retain_count and retain_ms must be positive, max_payload_bytes in 2..=16777216".into());
         }
         if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
             return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());

@@ -27,7 +27,8 @@ pub mod close {
 #[serde(tag = "t", rename_all = "snake_case")]
 pub enum ServerFrame {
     /// First frame after the upgrade.
-    Hello { device: String, node: String, node_id: u64, conn: u64, route_version: u64 },
+    /// `stream_head` is the device's last message seq: sync from your cursor to get what you missed.
+    Hello { device: String, node: String, node_id: u64, conn: u64, route_version: u64, stream_head: u64 },
     /// The node is draining; a close 1001 follows.
     Goaway { reason: String },
     /// Answer to a client `ping`.
@@ -42,6 +43,11 @@ pub enum ServerFrame {
 pub enum ClientFrame {
     /// Application-level liveness check; answered with `pong`.
     Ping,
+    /// Send every retained message with seq > `after`, then live ones (`{"t":"msg",...}`), or
+    /// `{"t":"sync_gap","oldest":S}` first when `after` is older than retention.
+    Sync { after: u64 },
+    /// Everything up to `seq` arrived: the stream may drop it.
+    Ack { seq: u64 },
 }
 
 impl ServerFrame {
@@ -56,8 +62,14 @@ mod tests {
 
     #[test]
     fn frames_have_the_documented_shape() {
-        let hello =
-            ServerFrame::Hello { device: "d1".into(), node: "n1".into(), node_id: 7, conn: 9, route_version: 3 };
+        let hello = ServerFrame::Hello {
+            device: "d1".into(),
+            node: "n1".into(),
+            node_id: 7,
+            conn: 9,
+            route_version: 3,
+            stream_head: 0,
+        };
         let v: serde_json::Value = serde_json::from_str(&hello.to_json()).unwrap();
         assert_eq!(v["t"], "hello");
         assert_eq!(v["route_version"], 3);
@@ -65,6 +77,11 @@ mod tests {
             serde_json::from_str(&ServerFrame::Goaway { reason: "drain".into() }.to_json()).unwrap();
         assert_eq!((g["t"].as_str(), g["reason"].as_str()), (Some("goaway"), Some("drain")));
         assert_eq!(serde_json::from_str::<ClientFrame>(r#"{"t":"ping"}"#).unwrap(), ClientFrame::Ping);
+        assert_eq!(
+            serde_json::from_str::<ClientFrame>(r#"{"t":"sync","after":4}"#).unwrap(),
+            ClientFrame::Sync { after: 4 }
+        );
+        assert_eq!(serde_json::from_str::<ClientFrame>(r#"{"t":"ack","seq":5}"#).unwrap(), ClientFrame::Ack { seq: 5 });
         assert!(serde_json::from_str::<ClientFrame>(r#"{"t":"nope"}"#).is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! a request without it gets 401 and changes nothing. This module owns the HTTP-status mapping.
 
 mod admin;
+mod messages;
 mod raft_rpc;
 
 /// Request and reply bodies of the admin API, shared with the client in `crate::admin`.
@@ -43,6 +44,8 @@ pub struct Api {
     pub view: ClusterWatch,
     pub state: StateDb,
     pub timing: Timing,
+    /// Device-side knobs (message retention and payload limit).
+    pub device: crate::config::DeviceConfig,
     pub secret: Arc<Vec<u8>>,
     pub http: HttpClient,
     /// Highest committed log index this node has learned (maintained by the log store).
@@ -85,6 +88,8 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         tracing::debug!(%method, %path, "refused an unauthenticated request");
         return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong cluster secret");
     }
+    let idempotency_key =
+        req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", &e.to_string()),
@@ -114,6 +119,9 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
         (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,
+        (&Method::POST, ["v1", "devices", device, "messages"]) => {
+            messages::publish(api, device, idempotency_key, &body).await
+        }
         _ => error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {method} {path}")),
     }
 }

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fastwebsockets::{Frame, OpCode};
+use fastwebsockets::{Frame, OpCode, Payload};
 use serde_json::Value;
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -186,11 +186,20 @@ pub struct Device {
     store: Box<dyn AttemptStore>,
     /// The highest attempt used, in case the store fails.
     last: u64,
+    /// The highest message seq received: every (re)connect syncs from it.
+    cursor: u64,
 }
 
 impl Device {
     pub fn new(cfg: DeviceConfig, store: Box<dyn AttemptStore>) -> Device {
-        Device { cfg, store, last: 0 }
+        Device { cfg, store, last: 0, cursor: 0 }
+    }
+
+    /// Starts the message cursor at `seq` (what the application already processed), so the first
+    /// sync asks for what came after it.
+    pub fn with_cursor(mut self, seq: u64) -> Device {
+        self.cursor = seq;
+        self
     }
 
     fn persist(&mut self, attempt: u64, events: &mut impl FnMut(Event)) {
@@ -224,7 +233,7 @@ impl Device {
                     let (node, conn, route_version) = (hello.node, hello.conn, hello.route_version);
                     events(Event::Connected { node, conn, route_version, attempt, after: connected - since });
                     events(Event::Frame(hello.frame));
-                    let end = session(&mut ws, &mut events, &shutdown, cfg.handshake_timeout).await;
+                    let end = session(&mut ws, &mut events, &shutdown, cfg.handshake_timeout, &mut self.cursor).await;
                     since = Instant::now();
                     let Some((code, reason, goaway)) = end else { break StopReason::Shutdown };
                     events(Event::Closed { code, reason });
@@ -282,8 +291,14 @@ async fn session(
     events: &mut impl FnMut(Event),
     shutdown: &CancellationToken,
     bound: Duration,
+    cursor: &mut u64,
 ) -> Option<(u16, String, bool)> {
     let mut goaway = false;
+    // Ask for everything after the cursor; then messages arrive in order, once each.
+    let sync = format!(r#"{{"t":"sync","after":{cursor}}}"#);
+    if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(sync.into_bytes()))).await {
+        return Some((1006, e.to_string(), goaway));
+    }
     loop {
         let frame = tokio::select! {
             _ = shutdown.cancelled() => {
@@ -309,7 +324,20 @@ async fn session(
                 let v = serde_json::from_slice::<Value>(&frame.payload)
                     .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&frame.payload).into_owned()));
                 goaway |= v["t"] == "goaway";
+                let seq = match v["t"].as_str() {
+                    Some("msg") => v["seq"].as_u64(),
+                    // Messages before `oldest` are gone: the application resyncs from its backend.
+                    Some("sync_gap") => v["oldest"].as_u64().map(|o| o.saturating_sub(1)),
+                    _ => None,
+                };
                 events(Event::Frame(v));
+                if let Some(seq) = seq.filter(|s| *s > *cursor) {
+                    *cursor = seq;
+                    let ack = format!(r#"{{"t":"ack","seq":{seq}}}"#);
+                    if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(ack.into_bytes()))).await {
+                        return Some((1006, e.to_string(), goaway));
+                    }
+                }
             }
             OpCode::Close => {
                 let p = &frame.payload;

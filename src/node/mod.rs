@@ -28,6 +28,7 @@ use crate::raft::types::{Floor, Route};
 use crate::raft::types::{Member, Raft};
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
+use crate::store::streams::StreamRead;
 use crate::ws::admission::Admission;
 use crate::ws::auth::Verifier;
 use crate::ws::registry::Registry;
@@ -40,6 +41,10 @@ struct StoreLookup(StateDb);
 impl RouteLookup for StoreLookup {
     fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String> {
         self.0.route(device).map_err(|e| e.to_string())
+    }
+
+    fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, String> {
+        self.0.stream(device, after, limit).map_err(|e| e.to_string())
     }
 }
 
@@ -132,6 +137,7 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         view: view.clone(),
         state: state_db.clone(),
         timing: t.clone(),
+        device: cfg.device.clone(),
         secret: Arc::new(cluster_secret.clone()),
         http: http.clone(),
         committed,

@@ -77,9 +77,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Ok(Vec::new());
         }
         let (db, meta) = (self.db.clone(), self.meta.clone());
-        let (responses, meta) =
-            blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || db.apply(&meta, entries)).await?;
+        let (responses, meta, deliveries) = blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || {
+            let mut deliveries = Vec::new();
+            let (responses, meta) = db.apply_with(&meta, entries, &mut deliveries)?;
+            Ok((responses, meta, deliveries))
+        })
+        .await?;
         self.publish(meta);
+        for d in deliveries {
+            let _ = self.events.send(ApplyEvent::Published(d));
+        }
         for reply in responses.iter().flat_map(|r| &r.replies) {
             let ev = match reply {
                 Reply::Accepted { superseded: Some(s), .. } => ApplyEvent::Superseded { node: s.node, conn: s.conn },

@@ -84,6 +84,11 @@ pub enum Command {
     ReleaseNode { node: NodeId },
     /// Forgets a node that left the membership: its lease row and routes.
     Forget { node: NodeId },
+    /// Appends a message to a known device's stream (idempotent per `key`), then trims the stream
+    /// to `keep_count` messages and to those newer than `at_ms - keep_age_ms`.
+    Publish { device: String, payload: String, key: Option<String>, at_ms: u64, keep_count: u64, keep_age_ms: u64 },
+    /// The device has every message up to `seq`: trim them.
+    Ack { device: String, seq: u64 },
 }
 
 impl Command {
@@ -93,7 +98,8 @@ impl Command {
             Command::Renew { at_ms, .. }
             | Command::Sweep { at_ms, .. }
             | Command::ExtendLeases { at_ms, .. }
-            | Command::Drain { at_ms, .. } => *at_ms = now_ms,
+            | Command::Drain { at_ms, .. }
+            | Command::Publish { at_ms, .. } => *at_ms = now_ms,
             _ => {}
         }
     }
@@ -109,12 +115,28 @@ pub struct Superseded {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Done,
-    Accepted { version: u64, superseded: Option<Superseded> },
-    Stale { floor_epoch: u64, floor_attempt: u64 },
+    Accepted {
+        version: u64,
+        superseded: Option<Superseded>,
+    },
+    Stale {
+        floor_epoch: u64,
+        floor_attempt: u64,
+    },
     NodeNotLive,
     Released(bool),
-    Swept { expired: Vec<NodeId>, routes_deleted: u64 },
+    Swept {
+        expired: Vec<NodeId>,
+        routes_deleted: u64,
+    },
     Count(u64),
+    /// The message's sequence number; `duplicate` when the idempotency key was seen before.
+    Published {
+        seq: u64,
+        duplicate: bool,
+    },
+    /// The device never connected: there is no stream to publish to.
+    NoSuchDevice,
 }
 
 /// A device's current route.

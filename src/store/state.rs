@@ -9,6 +9,7 @@ use std::sync::Arc;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
+use super::streams::{self, Delivery, Head, Message, Publish, StreamRead, StreamTables};
 use super::StoreError;
 use crate::codec::{decode, encode};
 use crate::raft::types::{
@@ -63,6 +64,9 @@ pub struct SnapshotBody {
     pub nodes: Vec<(NodeId, NodeLease)>,
     pub routes: Vec<(String, Route)>,
     pub floors: Vec<(String, Floor)>,
+    pub heads: Vec<(String, Head)>,
+    pub messages: Vec<(String, u64, Message)>,
+    pub idempotency: Vec<(String, String, u64)>,
 }
 
 /// Handle on `state.redb`. Cheap to clone.
@@ -81,6 +85,9 @@ impl StateDb {
         }
         txn.open_table(NODE_ROUTES)?;
         txn.open_table(NODES)?;
+        txn.open_table(streams::STREAMS)?;
+        txn.open_table(streams::HEADS)?;
+        txn.open_table(streams::IDEMPOTENCY)?;
         txn.commit()?;
         let db = StateDb { db: Arc::new(db) };
         let meta = db.load_meta()?;
@@ -116,6 +123,16 @@ impl StateDb {
     /// The commit is not fsynced: `last_applied` rides in the same transaction, so a crash replays
     /// from the log; snapshots commit durably (see [`StateDb::save_snapshot`]).
     pub fn apply(&self, meta: &Meta, entries: Vec<Entry>) -> Result<(Vec<Response>, Meta), StoreError> {
+        self.apply_with(meta, entries, &mut Vec::new())
+    }
+
+    /// [`StateDb::apply`], also collecting the messages to push to connections (`deliveries`).
+    pub fn apply_with(
+        &self,
+        meta: &Meta,
+        entries: Vec<Entry>,
+        deliveries: &mut Vec<Delivery>,
+    ) -> Result<(Vec<Response>, Meta), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::None)?;
         let mut meta = meta.clone();
@@ -134,7 +151,7 @@ impl StateDb {
                     openraft::EntryPayload::Normal(req) => {
                         let mut replies = Vec::with_capacity(req.cmds.len());
                         for cmd in req.cmds {
-                            replies.push(t.apply(&mut meta, cmd, &mut dirty_nodes)?);
+                            replies.push(t.apply(&mut meta, cmd, &mut dirty_nodes, deliveries)?);
                         }
                         Response { replies }
                     }
@@ -157,6 +174,12 @@ impl StateDb {
         }
         txn.commit()?;
         Ok((out, meta))
+    }
+
+    /// A device's stream bounds and up to `limit` retained messages after `after`.
+    pub fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, StoreError> {
+        let txn = self.db.begin_read()?;
+        streams::read(&txn.open_table(streams::STREAMS)?, &txn.open_table(streams::HEADS)?, device, after, limit)
     }
 
     pub fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), StoreError> {
@@ -195,6 +218,20 @@ impl StateDb {
         for row in txn.open_table(FLOORS)?.iter()? {
             let (k, v) = row?;
             body.floors.push((k.value().to_string(), decode(v.value())?));
+        }
+        for row in txn.open_table(streams::HEADS)?.iter()? {
+            let (k, v) = row?;
+            body.heads.push((k.value().to_string(), decode(v.value())?));
+        }
+        for row in txn.open_table(streams::STREAMS)?.iter()? {
+            let (k, v) = row?;
+            let (device, seq) = k.value();
+            body.messages.push((device.to_string(), seq, decode(v.value())?));
+        }
+        for row in txn.open_table(streams::IDEMPOTENCY)?.iter()? {
+            let (k, v) = row?;
+            let (device, key) = k.value();
+            body.idempotency.push((device.to_string(), key.to_string(), v.value()));
         }
         Ok((meta, body))
     }
@@ -235,6 +272,9 @@ impl StateDb {
         }
         txn.delete_table(NODE_ROUTES)?;
         txn.delete_table(NODES)?;
+        txn.delete_table(streams::STREAMS)?;
+        txn.delete_table(streams::HEADS)?;
+        txn.delete_table(streams::IDEMPOTENCY)?;
         let meta = Meta {
             last_applied: smeta.last_log_id,
             membership: smeta.last_membership.clone(),
@@ -254,8 +294,23 @@ impl StateDb {
             for (device, floor) in &body.floors {
                 t.floors.insert(device.as_str(), encode(floor)?.as_slice())?;
             }
+
             write_meta(&mut t.meta, &meta)?;
             txn.open_table(SNAPSHOT)?.insert(CURRENT_SNAPSHOT, encode(&(smeta, data))?.as_slice())?;
+        }
+        {
+            let mut heads = txn.open_table(streams::HEADS)?;
+            for (device, head) in &body.heads {
+                heads.insert(device.as_str(), encode(head)?.as_slice())?;
+            }
+            let mut messages = txn.open_table(streams::STREAMS)?;
+            for (device, seq, msg) in &body.messages {
+                messages.insert((device.as_str(), *seq), encode(msg)?.as_slice())?;
+            }
+            let mut idem = txn.open_table(streams::IDEMPOTENCY)?;
+            for (device, key, seq) in &body.idempotency {
+                idem.insert((device.as_str(), key.as_str()), *seq)?;
+            }
         }
         txn.commit()?;
         Ok(meta)
@@ -277,6 +332,7 @@ struct Tables<'t> {
     node_routes: redb::Table<'t, (u64, &'static str), ()>,
     nodes: redb::Table<'t, u64, &'static [u8]>,
     meta: redb::Table<'t, &'static str, &'static [u8]>,
+    streams: StreamTables<'t>,
 }
 
 impl<'t> Tables<'t> {
@@ -287,10 +343,17 @@ impl<'t> Tables<'t> {
             node_routes: txn.open_table(NODE_ROUTES)?,
             nodes: txn.open_table(NODES)?,
             meta: txn.open_table(META)?,
+            streams: StreamTables::open(txn)?,
         })
     }
 
-    fn apply(&mut self, meta: &mut Meta, cmd: Command, dirty: &mut Vec<NodeId>) -> Result<Reply, StoreError> {
+    fn apply(
+        &mut self,
+        meta: &mut Meta,
+        cmd: Command,
+        dirty: &mut Vec<NodeId>,
+        deliveries: &mut Vec<Delivery>,
+    ) -> Result<Reply, StoreError> {
         Ok(match cmd {
             Command::Init { cluster_id } => {
                 if meta.cluster_id.is_none() {
@@ -369,6 +432,23 @@ impl<'t> Tables<'t> {
                 _ => Reply::Count(0),
             },
             Command::ReleaseNode { node } => Reply::Count(self.delete_node_routes(meta, node, dirty)?),
+            Command::Publish { device, payload, key, at_ms, keep_count, keep_age_ms } => {
+                if self.floors.get(device.as_str())?.is_none() {
+                    return Ok(Reply::NoSuchDevice);
+                }
+                let text = payload.clone();
+                let p = Publish { device: &device, payload, key, at_ms, keep_count, keep_age_ms };
+                let reply = self.streams.publish(p)?;
+                if let Reply::Published { seq, duplicate: false } = reply {
+                    let route: Option<Route> =
+                        self.routes.get(device.as_str())?.map(|v| decode(v.value())).transpose()?;
+                    if let Some(r) = route {
+                        deliveries.push(Delivery { node: r.node, conn: r.conn, device, seq, payload: text });
+                    }
+                }
+                reply
+            }
+            Command::Ack { device, seq } => self.streams.ack(&device, seq)?,
             Command::Forget { node } => {
                 let n = self.delete_node_routes(meta, node, dirty)?;
                 meta.nodes.remove(&node);

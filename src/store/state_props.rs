@@ -108,6 +108,8 @@ impl Model {
                 self.nodes.remove(&node);
                 Reply::Count(n)
             }
+            // Streams have their own tests (store/streams_tests.rs); the generator emits none.
+            Command::Publish { .. } | Command::Ack { .. } => unreachable!("not generated"),
         }
     }
 

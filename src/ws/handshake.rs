@@ -14,6 +14,7 @@ use rand::RngCore;
 
 use super::placement::place;
 use super::session::{self, Ended};
+use super::stream::{Acker, StreamCursor};
 use super::{Gate, Mode};
 use crate::metrics::ResultLabel;
 use crate::proposer::now_ms;
@@ -158,7 +159,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
 
     // Register before the claim commits, so a kick that races the upgrade is not lost.
     let conn = rand::thread_rng().next_u64();
-    let (registration, ctl_tx, ctl_rx) = g.registry.register(conn, &device);
+    let (registration, ctl_tx, ctl_rx, overflow) = g.registry.register(conn, &device, g.session.send_queue);
     let cmd = Command::Claim { device: device.clone(), node: g.me, conn, epoch, attempt };
     let started = std::time::Instant::now();
     let reply = tokio::time::timeout(g.handshake_timeout, g.proposer.propose(cmd)).await;
@@ -198,19 +199,37 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     };
     g.metrics.handshakes.get_or_create(&ResultLabel { result: "accepted" }).inc();
     g.registry.accepted(conn, version);
+    // Read after the claim committed: every message up to this head is for `sync`; every later
+    // one is pushed to this connection as the log applies it.
+    let (lookup, d) = (g.routes.clone(), device.clone());
+    let stream_head = match tokio::task::spawn_blocking(move || lookup.stream(&d, u64::MAX, 0)).await {
+        Ok(Ok(read)) => read.head.head,
+        _ => 0,
+    };
     let hello = ServerFrame::Hello {
         device: device.clone(),
         node: g.name.clone(),
         node_id: g.me,
         conn,
         route_version: version,
+        stream_head,
     };
+    let proposer = g.proposer.clone();
+    let acker: Acker = Arc::new(move |device: String, seq: u64| {
+        let proposer = proposer.clone();
+        tokio::spawn(async move {
+            if let Err(e) = proposer.propose(Command::Ack { device, seq }).await {
+                tracing::debug!(error = %e, "ack did not commit; the next one covers it");
+            }
+        });
+    });
+    let cursor = StreamCursor::new(device.clone(), g.routes.clone(), acker, stream_head);
     let gate = g.clone();
     let cfg = g.session.clone();
     g.metrics.connections.inc();
     g.tracker.spawn(async move {
         let _registration = registration;
-        let ended = session::run(upgrade, hello, ctl_tx, ctl_rx, cfg).await;
+        let ended = session::run(upgrade, hello, (ctl_tx, ctl_rx, overflow), cursor, cfg).await;
         if ended == Ended::Closed(close::SUPERSEDED) {
             gate.metrics.kicks.inc();
         }

@@ -8,6 +8,7 @@ pub mod handshake;
 pub mod placement;
 pub mod registry;
 pub mod session;
+pub mod stream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::proposer::Proposer;
 use crate::protocol::close;
 use crate::raft::types::{Floor, NodeId, Route};
+use crate::store::streams::StreamRead;
 
 /// Whether this node takes devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,8 @@ pub enum Mode {
 /// Point lookups of the applied state (implemented over the store by the composition root).
 pub trait RouteLookup: Send + Sync + 'static {
     fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String>;
+    /// The device's stream bounds and up to `limit` retained messages after `after`.
+    fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, String>;
 }
 
 /// Everything the device listener needs.
@@ -104,6 +108,9 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<App
                 }
             }
             Ok(ApplyEvent::Installed) => reconcile(&gate).await,
+            Ok(ApplyEvent::Published(d)) if d.node == gate.me => {
+                gate.registry.send(d.conn, registry::Control::Deliver { seq: d.seq, payload: d.payload });
+            }
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "apply events lagged; reconciling sessions with the routes");

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// What a session is told to do from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +14,12 @@ pub enum Control {
     Close { code: u16, reason: String },
     /// Send `goaway`, then close 1001.
     Goaway { reason: String },
+    /// A message the log applied for this connection's device.
+    Deliver { seq: u64, payload: String },
+    /// The device asked for its stream after `after` (from the reader).
+    Sync { after: u64 },
+    /// The device acknowledged up to `seq` (from the reader).
+    Ack { seq: u64 },
 }
 
 #[derive(Debug)]
@@ -21,6 +28,9 @@ struct Entry {
     tx: mpsc::Sender<Control>,
     /// The route version its claim got; None while the claim is pending.
     version: Option<u64>,
+    /// Cancelled when the session's queue overflowed (a device not reading): it closes and
+    /// recovers by `sync` on its next connection.
+    overflow: CancellationToken,
 }
 
 /// One registered session.
@@ -55,17 +65,33 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a session; its control channel has room for a few commands (only the first close matters).
-    pub fn register(&self, conn: u64, device: &str) -> (Registration, mpsc::Sender<Control>, mpsc::Receiver<Control>) {
-        let (tx, rx) = mpsc::channel(4);
-        self.lock().insert(conn, Entry { device: device.to_string(), tx: tx.clone(), version: None });
-        (Registration { registry: self.clone(), conn }, tx, rx)
+    /// Registers a session whose queue holds `capacity` commands (messages to deliver included).
+    pub fn register(
+        &self,
+        conn: u64,
+        device: &str,
+        capacity: usize,
+    ) -> (Registration, mpsc::Sender<Control>, mpsc::Receiver<Control>, CancellationToken) {
+        let (tx, rx) = mpsc::channel(capacity.max(4));
+        let overflow = CancellationToken::new();
+        let entry = Entry { device: device.to_string(), tx: tx.clone(), version: None, overflow: overflow.clone() };
+        self.lock().insert(conn, entry);
+        (Registration { registry: self.clone(), conn }, tx, rx, overflow)
     }
 
-    /// Tells one session to do `ctl`; false if it is gone.
+    /// Tells one session to do `ctl`; false if it is gone or its queue is full (a full queue
+    /// closes the session: it recovers by `sync`).
     pub fn send(&self, conn: u64, ctl: Control) -> bool {
-        let tx = self.lock().get(&conn).map(|e| e.tx.clone());
-        tx.is_some_and(|tx| tx.try_send(ctl).is_ok())
+        let entry = self.lock().get(&conn).map(|e| (e.tx.clone(), e.overflow.clone()));
+        let Some((tx, overflow)) = entry else { return false };
+        match tx.try_send(ctl) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                overflow.cancel();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
     }
 
     /// Records the route version the session's claim was accepted with.
@@ -96,7 +122,7 @@ mod tests {
     #[test]
     fn registration_lives_until_dropped() {
         let r = Registry::default();
-        let (reg, _tx, mut rx) = r.register(7, "d1");
+        let (reg, _tx, mut rx, _overflow) = r.register(7, "d1", 4);
         assert_eq!(r.sessions(), vec![Session { conn: 7, device: "d1".to_string(), version: None }]);
         r.accepted(7, 3);
         assert_eq!(r.sessions()[0].version, Some(3));

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use fastwebsockets::upgrade::UpgradeFut;
 use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::registry::Control;
+use super::stream::StreamCursor;
 use crate::protocol::{close, ClientFrame, ServerFrame};
 
 /// Per-session limits.
@@ -46,10 +48,11 @@ fn text(s: String) -> Frame<'static> {
 pub async fn run(
     upgrade: UpgradeFut,
     hello: ServerFrame,
-    ctl_tx: mpsc::Sender<Control>,
-    mut ctl_rx: mpsc::Receiver<Control>,
+    ctl: (mpsc::Sender<Control>, mpsc::Receiver<Control>, CancellationToken),
+    mut cursor: StreamCursor,
     cfg: SessionConfig,
 ) -> Ended {
+    let (ctl_tx, mut ctl_rx, overflow) = ctl;
     let mut ws = match upgrade.await {
         Ok(ws) => ws,
         Err(e) => {
@@ -77,24 +80,35 @@ pub async fn run(
         reader.abort();
         return Ended::Peer;
     }
-    loop {
+    'session: loop {
         // Biased: a close the reader asked for must win over the reader's channel closing.
-        let frame = tokio::select! {
+        let frames: Vec<Frame<'static>> = tokio::select! {
             biased;
+            _ = overflow.cancelled() => {
+                close_with = Some((close::TRY_AGAIN_LATER, "send queue full: reconnect and sync".into()));
+                break;
+            }
             ctl = ctl_rx.recv() => match ctl {
                 Some(Control::Close { code, reason }) => {
                     close_with = Some((code, reason));
                     break;
                 }
                 Some(Control::Goaway { reason }) => {
-                    let _ = tokio::time::timeout(write_timeout, tx.write_frame(text(ServerFrame::Goaway { reason: reason.clone() }.to_json()))).await;
+                    let goaway = text(ServerFrame::Goaway { reason: reason.clone() }.to_json());
+                    let _ = tokio::time::timeout(write_timeout, tx.write_frame(goaway)).await;
                     close_with = Some((close::GOING_AWAY, reason));
                     break;
+                }
+                Some(Control::Deliver { seq, payload }) => cursor.deliver(seq, &payload).await.into_iter().map(text).collect(),
+                Some(Control::Sync { after }) => cursor.sync(after).await.into_iter().map(text).collect(),
+                Some(Control::Ack { seq }) => {
+                    cursor.ack(seq);
+                    continue;
                 }
                 None => break,
             },
             out = out_rx.recv() => match out {
-                Some(f) => f,
+                Some(f) => vec![f],
                 // The reader ended: the peer closed, the connection dropped, or the reader just
                 // asked for a close (1008/1009) that must still be sent.
                 None => match ctl_rx.try_recv() {
@@ -111,15 +125,19 @@ pub async fn run(
                     close_with = Some((close::NORMAL, "idle timeout".into()));
                     break;
                 }
-                Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))
+                cursor.flush_ack();
+                vec![Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))]
             }
         };
-        let is_close = frame.opcode == OpCode::Close;
-        match tokio::time::timeout(write_timeout, tx.write_frame(frame)).await {
-            Ok(Ok(())) if !is_close => {}
-            _ => break, // echoed the peer's close, or the write failed / stalled
+        for frame in frames {
+            let is_close = frame.opcode == OpCode::Close;
+            match tokio::time::timeout(write_timeout, tx.write_frame(frame)).await {
+                Ok(Ok(())) if !is_close => {}
+                _ => break 'session, // echoed the peer's close, or the write failed / stalled
+            }
         }
     }
+    cursor.flush_ack();
     if let Some((code, reason)) = close_with {
         let _ = tokio::time::timeout(write_timeout, tx.write_frame(Frame::close(code, reason.as_bytes()))).await;
         ended = Ended::Closed(code);
@@ -203,6 +221,16 @@ async fn read_loop<S>(
                     }
                     Ok(text) => match serde_json::from_str::<ClientFrame>(text) {
                         Ok(ClientFrame::Ping) => ServerFrame::Pong,
+                        // The writer owns the stream cursor: hand these over (dropped if its
+                        // queue is full — a device flooding syncs gets no more than that).
+                        Ok(ClientFrame::Sync { after }) => {
+                            let _ = ctl.try_send(Control::Sync { after });
+                            continue;
+                        }
+                        Ok(ClientFrame::Ack { seq }) => {
+                            let _ = ctl.try_send(Control::Ack { seq });
+                            continue;
+                        }
                         Err(e) => ServerFrame::Error { error: format!("unknown frame: {e}") },
                     },
                 };

@@ -1,0 +1,54 @@
+//! `POST /v1/devices/{id}/messages`: a backend publishes a JSON payload to a device's stream
+//! through Raft (batched like claims); the reply carries its `seq`. An `Idempotency-Key` makes a
+//! retry return the same `seq` without a second delivery.
+
+use hyper::StatusCode;
+
+use super::{error, json, Api, Resp};
+use crate::proposer::ProposeError;
+use crate::raft::types::{Command, Reply};
+use crate::ws::auth::valid_device_id;
+
+/// Idempotency keys: 1-128 printable ASCII characters.
+fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 128 && key.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) -> Resp {
+    if !valid_device_id(device) {
+        return error(StatusCode::BAD_REQUEST, "bad_device_id", "device ids are 1-128 characters of [A-Za-z0-9._:@-]");
+    }
+    if let Some(k) = key.as_deref().filter(|k| !valid_key(k)) {
+        let msg = format!("Idempotency-Key must be 1-128 printable ASCII characters, got {} bytes", k.len());
+        return error(StatusCode::BAD_REQUEST, "bad_idempotency_key", &msg);
+    }
+    if body.len() > api.device.max_payload_bytes {
+        let msg = format!("payload of {} bytes exceeds max_payload_bytes {}", body.len(), api.device.max_payload_bytes);
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &msg);
+    }
+    // Validated and re-serialized compactly: the stored text is spliced into `{"t":"msg",...}`.
+    let payload = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => v.to_string(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", &e.to_string()),
+    };
+    let cmd = Command::Publish {
+        device: device.to_string(),
+        payload,
+        key,
+        at_ms: 0,
+        keep_count: api.device.retain_count,
+        keep_age_ms: api.device.retain_ms,
+    };
+    match api.proposer.propose(cmd).await {
+        Ok(Reply::Published { seq, duplicate }) => {
+            json(StatusCode::OK, &serde_json::json!({"device": device, "seq": seq, "duplicate": duplicate}))
+        }
+        Ok(Reply::NoSuchDevice) => {
+            error(StatusCode::NOT_FOUND, "unknown_device", "this device has never connected: no stream to publish to")
+        }
+        Ok(other) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected_reply", &format!("{other:?}")),
+        Err(e @ ProposeError::Rejected(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "rejected", &e.to_string()),
+        // The publish may still commit: retry with the same Idempotency-Key.
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &e.to_string()),
+    }
+}
