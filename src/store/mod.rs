@@ -4,6 +4,7 @@
 
 pub mod log;
 pub mod state;
+pub mod streams;
 
 use crate::codec::CodecError;
 
