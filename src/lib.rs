@@ -5,7 +5,8 @@
 //! - [`config`] flags/env/TOML → validated `Config`; [`cli`] the command line.
 //! - [`codec`] the only place that names bincode (version byte + bincode 2).
 //! - [`ring`] virtual-node consistent hash over live nodes.
-//! - [`store`] redb tables: `log.redb` (Raft log, vote) and `state.redb` (routes, floors, leases).
+//! - [`store`] redb tables: `log.redb` (Raft log, vote) and `state.redb` (routes, floors, leases,
+//!   per-device message streams).
 //! - [`raft`] openraft type config, log store, state machine, network client.
 //! - [`cluster`] `ClusterView` (applied members, leases, ring) on a watch channel.
 //! - [`proposer`] batching proposer: concurrent writes share one log entry; followers forward.

@@ -50,3 +50,5 @@ impl StoreError {
 
 #[cfg(test)]
 mod state_tests;
+#[cfg(test)]
+mod streams_tests;
