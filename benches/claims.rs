@@ -5,7 +5,13 @@
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
 //! (default 5), once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). The leader's `/metrics` is scraped before and after each run
-//! to show how claims were folded into log entries and fsyncs. Prints figures only, asserts nothing.
+//! to show how claims were folded into log entries and fsyncs.
+//!
+//! A publish phase follows: for each C, C tasks loop `POST /v1/devices/{id}/messages` with a small
+//! JSON body for the same duration, each task on its own device claimed during the claims phase
+//! (publishing needs a stream, which the first claim creates), again via the leader and via all
+//! nodes. `HttpClient` has no way to add request headers, so publishes carry no `Idempotency-Key`
+//! (valid: the key is optional). Prints figures only, asserts nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -13,6 +19,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway::http::HttpClient;
@@ -58,21 +65,63 @@ fn main() {
     );
 
     // A short warm-up so the first measured run does not pay for connection setup and page faults.
-    rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup"));
+    rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
 
+    // Devices claimed at least once (one per claiming task), reused as publish targets.
+    let mut claimed: Vec<String> = Vec::new();
+    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed);
+    claimed.sort();
+    claimed.dedup();
+    let mut none = Vec::new();
+    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none);
+    println!(
+        "{}",
+        json!({"bench": "claims", "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
+               "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
+               "publish": publish, "publish_idempotency_key": false})
+    );
+    drop(cluster);
+}
+
+/// Which request a table's runs send.
+enum Op {
+    Claim,
+    /// Publish to these devices (all claimed before); task `t` uses `devices[t % len]`.
+    Publish(Arc<Vec<String>>),
+}
+
+/// Prints a titled table, one row per (C, via), and returns the rows as JSON. Claim runs add the
+/// devices they claimed to `claimed`.
+fn table(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    all: &[String],
+    secs: u64,
+    op: Op,
+    claimed: &mut Vec<String>,
+) -> Vec<Value> {
+    let (title, unit, per_fsync) = match &op {
+        Op::Claim => ("claim", "claims/s", "claims/fsync"),
+        Op::Publish(devices) => {
+            assert!(!devices.is_empty(), "no claimed devices to publish to");
+            ("publish", "publish/s", "writes/fsync")
+        }
+    };
     let header = format!(
         "{:>3} | {:<6} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>15} | {}",
-        "C", "via", "claims/s", "p50 ms", "p99 ms", "cmds/entry", "entries/fsync", "claims/fsync", "errors"
+        "C", "via", unit, "p50 ms", "p99 ms", "cmds/entry", "entries/fsync", per_fsync, "errors"
     );
-    println!("{header}\n{}", "-".repeat(header.len() + 8));
+    println!("\n{title}\n{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
     for c in CONCURRENCY {
         for via in ["leader", "all"] {
             let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader before run: {e}"));
-            let targets = if via == "leader" { vec![leader.clone()] } else { all.clone() };
+            let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };
             let before = rt.block_on(scrape(&leader));
             let load_before = loadavg();
-            let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &format!("{c}{via}")));
+            let tag = format!("{c}{via}");
+            let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
+            claimed.extend(r.claimed.iter().cloned());
             let after = rt.block_on(scrape(&leader));
             let leader_after = cluster.leader().unwrap_or_else(|e| format!("? ({e})"));
             let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
@@ -89,6 +138,11 @@ fn main() {
             if leader_after != leader {
                 note = format!(" (leader changed {leader} -> {leader_after})");
             }
+            if let Op::Publish(devices) = &op {
+                if devices.len() < c {
+                    note += &format!(" (only {} claimed devices: tasks share)", devices.len());
+                }
+            }
             println!(
                 "{c:>3} | {via:<6} | {rate:>9.0} | {:>7.2} | {:>7.2} | {:>12.2} | {:>13.2} | {:>15.2} | {errors}{note}",
                 r.p50_ms,
@@ -97,8 +151,12 @@ fn main() {
                 ratio(entries, fsyncs),
                 ratio(cmds, fsyncs),
             );
+            let (count_key, rate_key, per_fsync_key) = match &op {
+                Op::Claim => ("claims", "claims_per_s", "claims_per_fsync"),
+                Op::Publish(_) => ("publishes", "publishes_per_s", "writes_per_fsync"),
+            };
             rows.push(json!({
-                "c": c, "via": via, "secs": r.elapsed.as_secs_f64(), "claims": r.ok, "claims_per_s": rate,
+                "c": c, "via": via, "secs": r.elapsed.as_secs_f64(), count_key: r.ok, rate_key: rate,
                 "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "max_ms": r.max_ms,
                 "leader_delta": {
                     "log_fsyncs": fsyncs, "log_entries": entries,
@@ -106,18 +164,13 @@ fn main() {
                     "claims_accepted": d("gateway_claims_total{result=\"accepted\"}"),
                 },
                 "commands_per_entry": ratio(cmds, batches), "entries_per_fsync": ratio(entries, fsyncs),
-                "claims_per_fsync": ratio(cmds, fsyncs),
+                per_fsync_key: ratio(cmds, fsyncs),
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));
         }
     }
-    println!(
-        "{}",
-        json!({"bench": "claims", "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
-               "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows})
-    );
-    drop(cluster);
+    rows
 }
 
 /// What one timed run measured from the client side.
@@ -129,11 +182,14 @@ struct RunResult {
     max_ms: f64,
     /// Non-200 answers by status, and transport failures by kind.
     errors: BTreeMap<String, u64>,
+    /// Claim runs: the first device each task claimed (if any).
+    claimed: Vec<String>,
 }
 
-/// C tasks, each with its own pooled client and its own fresh devices, claiming until `dur` passes.
-/// Task `t` sends its n-th claim to `targets[(t + n) % len]`.
-async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &str) -> RunResult {
+/// C tasks, each with its own pooled client, until `dur` passes: claiming fresh devices of their
+/// own, or publishing `{"n": i}` to their own already-claimed device. Task `t` sends its n-th
+/// request to `targets[(t + n) % len]`.
+async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &str, op: &Op) -> RunResult {
     let start = Instant::now();
     let deadline = start + dur;
     let mut handles = Vec::with_capacity(c);
@@ -141,20 +197,33 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
         let client = HttpClient::new(secret.as_bytes());
         let targets = targets.to_vec();
         let prefix = format!("b{tag}-{t}");
+        let publish_to = match op {
+            Op::Claim => None,
+            Op::Publish(devices) => Some(devices[t % devices.len()].clone()),
+        };
         handles.push(tokio::spawn(async move {
             let mut lat_us: Vec<u32> = Vec::new();
             let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+            let mut first_claimed: Option<String> = None;
             let mut n: u64 = 0;
             while Instant::now() < deadline {
                 let addr = &targets[(t + n as usize) % targets.len()];
-                let path = format!("/v1/devices/{prefix}-{n}/claim");
-                let body = json!({"conn": ((t as u64) << 40) | n, "epoch": 0, "attempt": 1});
+                let (path, body) = match &publish_to {
+                    None => (
+                        format!("/v1/devices/{prefix}-{n}/claim"),
+                        json!({"conn": ((t as u64) << 40) | n, "epoch": 0, "attempt": 1}),
+                    ),
+                    Some(device) => (format!("/v1/devices/{device}/messages"), json!({"n": n})),
+                };
                 let sent = Instant::now();
                 let res = client.post_json(addr, &path, &body, CLAIM_TIMEOUT).await;
                 let took = sent.elapsed();
                 match res {
                     Ok((status, _)) if status.as_u16() == 200 => {
                         lat_us.push(took.as_micros().min(u32::MAX as u128) as u32);
+                        if publish_to.is_none() && first_claimed.is_none() {
+                            first_claimed = Some(format!("{prefix}-{n}"));
+                        }
                     }
                     Ok((status, body)) => {
                         let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -169,14 +238,16 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
                 }
                 n += 1;
             }
-            (lat_us, errors)
+            (lat_us, errors, first_claimed)
         }));
     }
     let mut lat: Vec<u32> = Vec::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut claimed = Vec::new();
     for h in handles {
-        let (l, e) = h.await.expect("bench task panicked");
+        let (l, e, first) = h.await.expect("bench task panicked");
         lat.extend(l);
+        claimed.extend(first);
         for (k, v) in e {
             *errors.entry(k).or_default() += v;
         }
@@ -190,7 +261,7 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
             lat[((lat.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
         }
     };
-    RunResult { ok: lat.len() as u64, elapsed, p50_ms: pct(0.50), p99_ms: pct(0.99), max_ms: pct(1.0), errors }
+    RunResult { ok: lat.len() as u64, elapsed, p50_ms: pct(0.50), p99_ms: pct(0.99), max_ms: pct(1.0), errors, claimed }
 }
 
 /// `GET /metrics` (unauthenticated Prometheus text) as series -> value; labels stay in the key.

@@ -37,6 +37,7 @@ impl Renewer {
     pub async fn run(mut self, cancel: CancellationToken) {
         let period = Duration::from_millis((self.lease_ms / 3).max(1));
         let mut next = tokio::time::Instant::now();
+        let mut failing = false;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -65,8 +66,18 @@ impl Renewer {
                 // The lease runs from about when the renewal was sent: fencing measures from there.
                 Ok(_) => {
                     self.renewed.send_replace(sent_at);
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("lease renewals commit again");
+                    }
                 }
-                Err(e) => tracing::warn!(error = %e, "lease renewal did not commit"),
+                Err(e) => {
+                    // Retry soon rather than a period later: after a leader dies, the first
+                    // renewal that can commit must not wait out a whole period (fencing counts).
+                    next = tokio::time::Instant::now() + period / 8;
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(error = %e, "lease renewal did not commit; retrying every {:?}", period / 8);
+                    }
+                }
             }
         }
     }
