@@ -76,6 +76,7 @@ pub async fn run(
     let mut ping = tokio::time::interval(Duration::from_millis(cfg.ping_ms.max(10)));
     ping.tick().await;
     let mut close_with: Option<(u16, String)> = None;
+    let mut stuck = false;
     if tokio::time::timeout(write_timeout, tx.write_frame(text(hello.to_json()))).await.map_or(true, |r| r.is_err()) {
         reader.abort();
         return Ended::Peer;
@@ -131,13 +132,27 @@ pub async fn run(
         };
         for frame in frames {
             let is_close = frame.opcode == OpCode::Close;
-            match tokio::time::timeout(write_timeout, tx.write_frame(frame)).await {
+            let written = tokio::select! {
+                r = tokio::time::timeout(write_timeout, tx.write_frame(frame)) => r,
+                // A device that stopped reading blocks the write itself: its queue overflowing
+                // ends the session now, not after the write timeout. The socket is mid-frame,
+                // so no close frame can follow; the device recovers by sync on reconnect.
+                _ = overflow.cancelled() => {
+                    stuck = true;
+                    break 'session;
+                }
+            };
+            match written {
                 Ok(Ok(())) if !is_close => {}
                 _ => break 'session, // echoed the peer's close, or the write failed / stalled
             }
         }
     }
     cursor.flush_ack();
+    if stuck {
+        reader.abort();
+        return Ended::Closed(close::TRY_AGAIN_LATER);
+    }
     if let Some((code, reason)) = close_with {
         let _ = tokio::time::timeout(write_timeout, tx.write_frame(Frame::close(code, reason.as_bytes()))).await;
         ended = Ended::Closed(code);
