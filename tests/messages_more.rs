@@ -13,58 +13,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use client_util::{config, start, Running};
+use client_util::{config, received, start, Running};
+use common::api::publish_at;
 use common::ws::Dial;
-use common::{http, wait_until, Cluster, SLACK, TIMING};
+use common::{wait_until, Cluster, SLACK, TIMING};
 use gateway::client::device::{Event, MemoryStore};
 use serde_json::{json, Value};
 
-/// One publish attempt against a cluster listener: (status, body), or the transport error.
-fn publish_at(
-    addr: SocketAddr,
-    bearer: &str,
-    device: &str,
-    body: &Value,
-    key: &str,
-    timeout: Duration,
-) -> Result<(u16, Value), String> {
-    let headers = [("Authorization", bearer), ("Content-Type", "application/json"), ("Idempotency-Key", key)];
-    let path = format!("/v1/devices/{device}/messages");
-    let bytes = body.to_string().into_bytes();
-    http::request(addr, "POST", &path, &headers, Some(&bytes), timeout)
-        .map(|r| (r.status, r.json()))
-        .map_err(|e| format!("{e:#}"))
-}
-
-/// Publishes until accepted, rotating over `via` and retrying 503s and transport errors with the
-/// same key; returns the reply's seq.
-fn publish_ok(c: &Cluster, via: &[usize], device: &str, body: &Value, key: &str) -> u64 {
-    let bearer = c.bearer();
-    let mut k = 0;
-    wait_until(TIMING.settle_bound(), &format!("publish {key} to {device}"), || {
-        k += 1;
-        let addr = c.nodes[via[k % via.len()]].cluster_addr();
-        match publish_at(addr, &bearer, device, body, key, http::REQUEST_TIMEOUT) {
-            Ok((200, v)) => Ok(v["seq"].as_u64().unwrap()),
-            other => Err(other),
-        }
-    })
-}
-
 fn payload(device: &str, i: u64) -> Value {
     json!({"device": device, "n": i})
-}
-
-/// The messages a device received, in arrival order: (seq, payload).
-fn received(r: &mut Running) -> Vec<(u64, Value)> {
-    r.poll();
-    r.log
-        .iter()
-        .filter_map(|(_, e)| match e {
-            Event::Frame(v) if v["t"] == "msg" => Some((v["seq"].as_u64().unwrap(), v["payload"].clone())),
-            _ => None,
-        })
-        .collect()
 }
 
 fn last_node(r: &Running) -> Option<String> {
@@ -121,7 +78,7 @@ fn devices_get_every_message_once_through_a_drain() {
     }
     for r in &devices {
         for i in 1..=5u64 {
-            let seq = publish_ok(&c, &[0, 1, 2], &r.name, &payload(&r.name, i), &format!("{}-{i}", r.name));
+            let seq = c.publish_ok(&[0, 1, 2], &r.name, &payload(&r.name, i), &format!("{}-{i}", r.name));
             assert_eq!(seq, i, "{}: seqs count up from 1", r.name);
         }
     }
@@ -131,7 +88,7 @@ fn devices_get_every_message_once_through_a_drain() {
     let termed = Instant::now();
     for r in &devices {
         for i in 6..=15u64 {
-            let seq = publish_ok(&c, &survivors, &r.name, &payload(&r.name, i), &format!("{}-{i}", r.name));
+            let seq = c.publish_ok(&survivors, &r.name, &payload(&r.name, i), &format!("{}-{i}", r.name));
             assert_eq!(seq, i, "{}: seqs count up during the drain", r.name);
         }
     }
@@ -194,7 +151,7 @@ fn leader_failover_during_publishing_skips_and_repeats_nothing() {
                         let dead = killed.load(Ordering::SeqCst);
                         k += 1;
                         let via = (0..addrs.len()).map(|j| (k + j) % addrs.len()).find(|&j| j != dead).unwrap();
-                        match publish_at(addrs[via], &bearer, d, &payload(d, i), &key, Duration::from_secs(3)) {
+                        match publish_at(addrs[via], &bearer, d, &payload(d, i), Some(&key), Duration::from_secs(3)) {
                             Ok((200, v)) => break (v["seq"].as_u64().unwrap(), v["duplicate"] == true),
                             Ok((503, _)) | Err(_) => {}
                             Ok(other) => panic!("publish {key} via {via}: unexpected {other:?}"),
@@ -316,7 +273,7 @@ fn a_device_that_stops_reading_is_closed_and_recovers_by_sync() {
     let began = Instant::now();
     let mut closed_after = None;
     for i in 1..=MSGS {
-        assert_eq!(publish_ok(&c, &[0], d, &body(i), &format!("slow-{i}")), i);
+        assert_eq!(c.publish_ok(&[0], d, &body(i), &format!("slow-{i}")), i);
         if closed_after.is_none() && c.metric(0, "gateway_connections") == Some(0.0) {
             closed_after = Some(i);
         }
@@ -353,7 +310,7 @@ fn a_cursor_older_than_retention_gets_sync_gap_then_the_retained_tail() {
     let mut first = c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("first connection");
     assert_eq!(first.hello()["stream_head"], 0);
     for i in 1..=12u64 {
-        assert_eq!(publish_ok(&c, &[0], d, &payload(d, i), &format!("gap-{i}")), i);
+        assert_eq!(c.publish_ok(&[0], d, &payload(d, i), &format!("gap-{i}")), i);
     }
     // The first connection got them live (it never acks, so only the count bounds retention).
     for i in 1..=12u64 {
@@ -375,7 +332,7 @@ fn a_cursor_older_than_retention_gets_sync_gap_then_the_retained_tail() {
     }
     ws.send_json(&json!({"t": "sync", "after": 12})).unwrap();
     // Nothing more for that sync: the next frame is the next message published.
-    assert_eq!(publish_ok(&c, &[0], d, &payload(d, 13), "gap-13"), 13);
+    assert_eq!(c.publish_ok(&[0], d, &payload(d, 13), "gap-13"), 13);
     let v = ws.next_text(Duration::from_secs(10), "message 13");
     assert_eq!(v, json!({"t": "msg", "seq": 13, "payload": payload(d, 13)}), "sync after 12 sent nothing");
 }

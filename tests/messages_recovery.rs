@@ -10,49 +10,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use client_util::{config, start, Running};
+use client_util::{config, received, start, Running};
 use common::{http, wait_until, Cluster, TIMING};
 use gateway::client::device::{Event, MemoryStore};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const N: usize = 12;
-
-fn publish(c: &Cluster, via: usize, device: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
-    let auth = c.bearer();
-    let mut headers = vec![("Authorization", auth.as_str()), ("Content-Type", "application/json")];
-    if let Some(k) = key {
-        headers.push(("Idempotency-Key", k));
-    }
-    let path = format!("/v1/devices/{device}/messages");
-    let bytes = body.to_string().into_bytes();
-    let r = http::request(c.nodes[via].cluster_addr(), "POST", &path, &headers, Some(&bytes), http::REQUEST_TIMEOUT)
-        .unwrap_or_else(|e| panic!("publish to {device} via node {via}: {e:#}"));
-    (r.status, r.json())
-}
-
-/// Publishes until accepted (503 while the cluster elects is retried with the same key).
-fn publish_ok(c: &Cluster, via: &[usize], device: &str, body: &Value, key: &str) -> u64 {
-    let mut k = 0;
-    wait_until(TIMING.settle_bound(), &format!("publish {key} to {device}"), || {
-        k += 1;
-        match publish(c, via[k % via.len()], device, body, Some(key)) {
-            (200, v) => Ok(v["seq"].as_u64().unwrap()),
-            other => Err(other),
-        }
-    })
-}
-
-/// The messages a device received, in arrival order: (seq, payload).
-fn received(r: &mut Running) -> Vec<(u64, Value)> {
-    r.poll();
-    r.log
-        .iter()
-        .filter_map(|(_, e)| match e {
-            Event::Frame(v) if v["t"] == "msg" => Some((v["seq"].as_u64().unwrap(), v["payload"].clone())),
-            _ => None,
-        })
-        .collect()
-}
 
 #[test]
 fn devices_recover_every_message_after_their_node_is_killed() {
@@ -77,7 +40,7 @@ fn devices_recover_every_message_after_their_node_is_killed() {
     let expected = |device: &str, i: u64| json!({"device": device, "n": i});
     for r in &devices {
         for i in 1..=5u64 {
-            let seq = publish_ok(&c, &[0, 1, 2], &r.name, &expected(&r.name, i), &format!("{}-{i}", r.name));
+            let seq = c.publish_ok(&[0, 1, 2], &r.name, &expected(&r.name, i), &format!("{}-{i}", r.name));
             assert_eq!(seq, i, "{}: seqs count up from 1", r.name);
         }
     }
@@ -95,7 +58,7 @@ fn devices_recover_every_message_after_their_node_is_killed() {
     let killed = Instant::now();
     for r in &devices {
         for i in 6..=15u64 {
-            publish_ok(&c, &survivors, &r.name, &expected(&r.name, i), &format!("{}-{i}", r.name));
+            c.publish_ok(&survivors, &r.name, &expected(&r.name, i), &format!("{}-{i}", r.name));
         }
     }
     println!(
@@ -132,22 +95,22 @@ fn devices_recover_every_message_after_their_node_is_killed() {
 #[test]
 fn idempotent_retry_delivers_once_and_bad_publishes_are_refused() {
     let (c, _) = Cluster::form(1, &["--max-payload-bytes", "256"]);
-    let r = publish(&c, 0, "nobody", &json!({"x": 1}), None);
+    let r = c.publish(0, "nobody", &json!({"x": 1}), None);
     assert_eq!((r.0, r.1["error"].as_str()), (404, Some("unknown_device")), "{r:?}");
 
     let d = "once";
     let mut dev = start(d, config(&c.public_url(0), d, &c.token(d, 0), 0, 1), Box::new(MemoryStore(0)));
     dev.wait_for(TIMING.settle_bound(), "connect", |e| matches!(e, Event::Connected { .. }));
-    let first = publish(&c, 0, d, &json!({"hello": 1}), Some("k-1"));
+    let first = c.publish(0, d, &json!({"hello": 1}), Some("k-1"));
     // The reply was "lost": the backend retries with the same key.
-    let retry = publish(&c, 0, d, &json!({"hello": 1}), Some("k-1"));
+    let retry = c.publish(0, d, &json!({"hello": 1}), Some("k-1"));
     assert_eq!(first.0, 200, "{first:?}");
     assert_eq!(
         (retry.0, &retry.1["seq"], retry.1["duplicate"].as_bool()),
         (200, &first.1["seq"], Some(true)),
         "{retry:?}"
     );
-    let second = publish(&c, 0, d, &json!({"hello": 2}), Some("k-2"));
+    let second = c.publish(0, d, &json!({"hello": 2}), Some("k-2"));
     assert_eq!(second.1["seq"].as_u64(), Some(first.1["seq"].as_u64().unwrap() + 1), "{second:?}");
     wait_until(TIMING.settle_bound(), "both messages delivered", || {
         let got = received(&mut dev);
@@ -161,7 +124,7 @@ fn idempotent_retry_delivers_once_and_bad_publishes_are_refused() {
     assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2], "delivered once each: {got:?}");
 
     let big = json!({"pad": "x".repeat(300)});
-    assert_eq!(publish(&c, 0, d, &big, None).0, 413);
+    assert_eq!(c.publish(0, d, &big, None).0, 413);
     let auth = c.bearer();
     let bad = http::request(
         c.nodes[0].cluster_addr(),
@@ -174,6 +137,6 @@ fn idempotent_retry_delivers_once_and_bad_publishes_are_refused() {
     .unwrap();
     assert_eq!((bad.status, bad.json()["error"].as_str()), (400, Some("bad_json")));
     let long_key = "k".repeat(200);
-    let r = publish(&c, 0, d, &json!({}), Some(&long_key));
+    let r = c.publish(0, d, &json!({}), Some(&long_key));
     assert_eq!((r.0, r.1["error"].as_str()), (400, Some("bad_idempotency_key")), "{r:?}");
 }

@@ -103,3 +103,15 @@ impl Drop for Running {
 pub fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
+
+/// The messages a device received, in arrival order: (seq, payload).
+pub fn received(r: &mut Running) -> Vec<(u64, serde_json::Value)> {
+    r.poll();
+    r.log
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Frame(v) if v["t"] == "msg" => Some((v["seq"].as_u64().unwrap(), v["payload"].clone())),
+            _ => None,
+        })
+        .collect()
+}

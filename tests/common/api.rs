@@ -9,8 +9,51 @@ use serde_json::{json, Value};
 use super::status::{self, View};
 use super::{http, wait_until, Cluster, Start, TIMING};
 
+/// One publish attempt against a cluster listener (`POST /v1/devices/{device}/messages`):
+/// (status, body), or the transport error. Usable from threads that do not hold the `Cluster`.
+pub fn publish_at(
+    addr: SocketAddr,
+    bearer: &str,
+    device: &str,
+    body: &Value,
+    key: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, Value), String> {
+    let mut headers = vec![("Authorization", bearer), ("Content-Type", "application/json")];
+    if let Some(k) = key {
+        headers.push(("Idempotency-Key", k));
+    }
+    let path = format!("/v1/devices/{device}/messages");
+    let bytes = body.to_string().into_bytes();
+    http::request(addr, "POST", &path, &headers, Some(&bytes), timeout)
+        .map(|r| (r.status, r.json()))
+        .map_err(|e| format!("{e:#}"))
+}
+
 impl Cluster {
     // ---- cluster listener API ---------------------------------------------------------------
+
+    /// One publish through node `i`; panics on a transport error.
+    pub fn publish(&self, i: usize, device: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+        let addr = self.nodes[i].cluster_addr();
+        publish_at(addr, &self.bearer(), device, body, key, http::REQUEST_TIMEOUT)
+            .unwrap_or_else(|e| panic!("publish to {device} via node {i}: {e}"))
+    }
+
+    /// Publishes until accepted, rotating over `via` and retrying 503s and transport errors with
+    /// the same key; returns the reply's seq.
+    pub fn publish_ok(&self, via: &[usize], device: &str, body: &Value, key: &str) -> u64 {
+        let bearer = self.bearer();
+        let mut k = 0;
+        wait_until(TIMING.settle_bound(), &format!("publish {key} to {device}"), || {
+            k += 1;
+            let addr = self.nodes[via[k % via.len()]].cluster_addr();
+            match publish_at(addr, &bearer, device, body, Some(key), http::REQUEST_TIMEOUT) {
+                Ok((200, v)) => Ok(v["seq"].as_u64().unwrap()),
+                other => Err(other),
+            }
+        })
+    }
 
     pub fn bearer(&self) -> String {
         format!("Bearer {}", self.secret)
