@@ -64,6 +64,18 @@ pub async fn drain(me: NodeId, gate: &Gate, mode: &watch::Sender<Mode>, proposer
     }
 }
 
+/// A stop without a drain (the node was removed): tell every device to go elsewhere (`goaway` +
+/// 1001) instead of dropping its TCP connection, waiting at most `bound` for them to close.
+pub async fn say_goodbye(gate: &Gate, bound: Duration) {
+    for s in gate.registry.sessions() {
+        gate.registry.send(s.conn, Control::Goaway { reason: "stopping".into() });
+    }
+    let deadline = tokio::time::Instant::now() + bound;
+    while !gate.registry.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Watches renewals and fences this node while they fail (V7).
 pub async fn fence_loop(
     gate: Arc<Gate>,

@@ -253,6 +253,8 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
         // openraft 0.9 has no leadership transfer, and followers refuse votes while the
         // leader's lease (election_timeout_max) runs: if this node led, the others elect a
         // new leader within about two election timeouts of its exit.
+    } else {
+        lifecycle::say_goodbye(&gate, Duration::from_secs(1)).await;
     }
     stop.cancel();
     if let Err(e) = raft.shutdown().await {
