@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use client_util::{config, start, Running};
+use client_util::{config, pinned, start, Running};
 use common::ws::Dial;
 use common::{wait_until, Cluster, SLACK, TIMING};
 use gateway::client::device::{Event, MemoryStore};
@@ -49,14 +49,7 @@ fn killed_node_devices_rehome_on_survivors_within_admission() {
         }
     }
     // Baseline: N devices on A (steer=off), with the survivors as further URLs to try.
-    let mut devices: Vec<Running> = (0..N)
-        .map(|k| {
-            let d = format!("storm-{k}");
-            let mut cfg = config(&url(a, "?steer=off"), &d, &c.token(&d, 0), 0, k as u64);
-            cfg.urls.extend(survivors.iter().map(|&s| c.public_url(s)));
-            start(&d, cfg, Box::new(MemoryStore(0)))
-        })
-        .collect();
+    let mut devices = pinned(&c, a, &survivors, "storm", N, 0);
     for r in own.iter_mut().chain(devices.iter_mut()) {
         r.wait_for(TIMING.settle_bound(), "baseline connect", |e| matches!(e, Event::Connected { .. }));
     }

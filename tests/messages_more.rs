@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use client_util::{config, received, start, Running};
+use client_util::{config, pinned, received, start, Running};
 use common::api::publish_at;
 use common::ws::Dial;
 use common::{wait_until, Cluster, SLACK, TIMING};
@@ -61,14 +61,7 @@ fn devices_get_every_message_once_through_a_drain() {
     const N: usize = 8;
     let (mut c, _) = Cluster::form(3, &[]);
     let (a, survivors) = (0usize, [1usize, 2usize]);
-    let mut devices: Vec<Running> = (0..N)
-        .map(|k| {
-            let d = format!("drain-{k}");
-            let mut cfg = config(&format!("{}/ws?steer=off", c.public_url(a)), &d, &c.token(&d, 0), 0, 100 + k as u64);
-            cfg.urls.extend(survivors.iter().map(|&s| c.public_url(s)));
-            start(&d, cfg, Box::new(MemoryStore(0)))
-        })
-        .collect();
+    let mut devices = pinned(&c, a, &survivors, "drain", N, 100);
     for r in devices.iter_mut() {
         r.wait_for(
             TIMING.settle_bound(),

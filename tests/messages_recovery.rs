@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use client_util::{config, received, start, Running};
+use client_util::{config, pinned, received, start};
 use common::{http, wait_until, Cluster, TIMING};
 use gateway::client::device::{Event, MemoryStore};
 use serde_json::json;
@@ -21,14 +21,7 @@ const N: usize = 12;
 fn devices_recover_every_message_after_their_node_is_killed() {
     let (mut c, _) = Cluster::form(3, &[]);
     let (a, survivors) = (0usize, [1usize, 2usize]);
-    let mut devices: Vec<Running> = (0..N)
-        .map(|k| {
-            let d = format!("msg-{k}");
-            let mut cfg = config(&format!("{}/ws?steer=off", c.public_url(a)), &d, &c.token(&d, 0), 0, k as u64);
-            cfg.urls.extend(survivors.iter().map(|&s| c.public_url(s)));
-            start(&d, cfg, Box::new(MemoryStore(0)))
-        })
-        .collect();
+    let mut devices = pinned(&c, a, &survivors, "msg", N, 0);
     for r in devices.iter_mut() {
         r.wait_for(
             TIMING.settle_bound(),

@@ -115,3 +115,24 @@ pub fn received(r: &mut Running) -> Vec<(u64, serde_json::Value)> {
         })
         .collect()
 }
+
+/// Starts `n` devices `{prefix}-{k}` pinned to node `at` (`?steer=off`) with the nodes `others`
+/// as further URLs (where they move when `at` goes away); device k's backoff seed is `seed0 + k`.
+pub fn pinned(
+    c: &super::common::Cluster,
+    at: usize,
+    others: &[usize],
+    prefix: &str,
+    n: usize,
+    seed0: u64,
+) -> Vec<Running> {
+    (0..n)
+        .map(|k| {
+            let d = format!("{prefix}-{k}");
+            let mut cfg =
+                config(&format!("{}/ws?steer=off", c.public_url(at)), &d, &c.token(&d, 0), 0, seed0 + k as u64);
+            cfg.urls.extend(others.iter().map(|&s| c.public_url(s)));
+            start(&d, cfg, Box::new(gateway::client::device::MemoryStore(0)))
+        })
+        .collect()
+}
