@@ -189,7 +189,9 @@ impl StateDb {
         Ok((route, floor))
     }
 
-    /// Serializes the whole state from one read transaction (applies may run concurrently).
+    /// Serializes the whole state from one read transaction (applies may run concurrently). The
+    /// returned `Meta` carries only `last_applied` and `membership` (what a snapshot's meta needs);
+    /// everything else is in the body.
     pub fn dump(&self) -> Result<(Meta, SnapshotBody), StoreError> {
         let txn = self.db.begin_read()?;
         let meta_t = txn.open_table(META)?;
