@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::FileConfig;
-use crate::plan::{Admission, Jitter, StormModel};
+use crate::tools::plan::{Admission, Jitter, StormModel};
+pub use crate::tools::SecretArgs;
 
 /// gateway: a cluster of WebSocket device gateways on an embedded Raft-replicated store.
 #[derive(Debug, Parser)]
@@ -123,18 +124,7 @@ pub enum Command {
     PlanStorm(PlanStormArgs),
     /// Load tool: run N simulated devices against a cluster (steady, or a kill/drain storm) and
     /// report connect rate, handshake latency, outcomes, re-homing and server memory.
-    Bench(crate::bench::BenchArgs),
-}
-
-/// Where the CLI finds the cluster secret.
-#[derive(Debug, Args, Clone)]
-pub struct SecretArgs {
-    /// File holding the cluster secret (trailing newline stripped).
-    #[arg(long, env = "GATEWAY_CLUSTER_SECRET_FILE")]
-    pub cluster_secret_file: Option<PathBuf>,
-    /// Data dir of a local node whose generated `cluster.secret` to use when no secret is given.
-    #[arg(long, env = "GATEWAY_DATA_DIR", default_value = "gateway-data")]
-    pub data_dir: PathBuf,
+    Bench(crate::tools::bench::BenchArgs),
 }
 
 /// `gateway serve` flags; every one also reads `GATEWAY_<NAME>` and the TOML file given by --config.
@@ -354,6 +344,35 @@ impl PlanStormArgs {
             retry_after_s: self.retry_after_s.unwrap_or(if self.per_slot.is_some() { 0 } else { 1 }),
             seed: self.seed,
             max_seconds: self.max_seconds,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_maps_to_the_model() {
+        use clap::Parser;
+
+        use crate::tools::plan::{Admission, Jitter};
+        let parse = |args: &str| Cli::try_parse_from(format!("gateway plan-storm {args}").split_whitespace());
+        let model = |args: &str| match parse(args).unwrap().command {
+            Command::PlanStorm(a) => a.to_model(),
+            other => panic!("{other:?}"),
+        };
+        let m = model("--devices 5 --rate 3 --burst 2 --nodes 2");
+        assert_eq!(m.admission, Admission::TokenBucket { rate_per_s: 3, burst: 2, nodes: 2 });
+        assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms), (1, Jitter::Full, true, 10));
+        let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
+        assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
+        assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));
+        assert_eq!(model("--devices 5 --per-slot 4").retry_after_s, 0);
+        for bad in
+            ["--rate 3 --burst 2", "--devices 5", "--devices 5 --rate 3", "--devices 5 --rate 3 --burst 2 --per-slot 1"]
+        {
+            assert!(parse(bad).is_err(), "{bad}");
         }
     }
 }

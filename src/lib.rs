@@ -27,23 +27,26 @@
 //! - Only the state machine publishes `ClusterView`.
 //! - `client` imports no server module; `client::backoff` and `plan` do no I/O and read no clock.
 
-pub mod admin;
+pub mod answer;
 pub mod api;
-pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod http;
+pub mod machine;
 pub mod metrics;
 pub mod node;
-pub mod plan;
-pub mod proposer;
 pub mod protocol;
 pub mod raft;
 pub mod ring;
+pub mod secrets;
 pub mod server;
-pub mod status;
 pub mod store;
+pub mod token;
+pub mod tools;
+pub mod view;
+pub mod wire;
 pub mod ws;

@@ -5,11 +5,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway::admin::{Admin, AdminError};
 use gateway::cli::{Cli, Command, SecretArgs};
 use gateway::config::{self, Config, ConfigError, FileConfig};
 use gateway::http::HttpClient;
-use gateway::node::{self, identity, NodeError};
+use gateway::node::{self, NodeError};
+use gateway::secrets::{self, SecretError};
+use gateway::tools::admin::{Admin, AdminError};
 
 const EXIT_USAGE: u8 = 64;
 const EXIT_CONFIG: u8 = 78;
@@ -71,6 +72,12 @@ impl From<NodeError> for Failure {
     }
 }
 
+impl From<SecretError> for Failure {
+    fn from(e: SecretError) -> Self {
+        Failure::Config(e.to_string())
+    }
+}
+
 impl From<AdminError> for Failure {
     fn from(e: AdminError) -> Self {
         Failure::Runtime(e.to_string())
@@ -78,7 +85,7 @@ impl From<AdminError> for Failure {
 }
 
 fn admin(secret: &SecretArgs) -> Result<Admin, Failure> {
-    let s = identity::cli_cluster_secret(secret.cluster_secret_file.as_deref(), &secret.data_dir)?;
+    let s = secrets::cli_cluster_secret(secret.cluster_secret_file.as_deref(), &secret.data_dir)?;
     Ok(Admin::new(HttpClient::new(&s)))
 }
 
@@ -115,7 +122,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::PlanStorm(args) => {
-            let report = gateway::plan::simulate(&args.to_model()).map_err(|e| Failure::Config(e.to_string()))?;
+            let report =
+                gateway::tools::plan::simulate(&args.to_model()).map_err(|e| Failure::Config(e.to_string()))?;
             if args.json {
                 println!("{}", serde_json::to_string(&report).expect("plain struct"));
             } else {
@@ -123,13 +131,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Bench(args) => {
-            use gateway::bench::BenchError;
+            use gateway::tools::bench::{scenario, BenchError, Scenario};
             let json = match &args.scenario {
-                gateway::bench::Scenario::Steady { common, .. } | gateway::bench::Scenario::Storm { common, .. } => {
-                    common.json
-                }
+                Scenario::Steady { common, .. } | Scenario::Storm { common, .. } => common.json,
             };
-            let report = gateway::bench::scenario::run(args).await.map_err(|e| match e {
+            let report = scenario::run(args).await.map_err(|e| match e {
                 BenchError::Usage(m) => Failure::Usage(m),
                 BenchError::Config(m) => Failure::Config(m),
                 BenchError::Runtime(m) => Failure::Runtime(m),
@@ -149,9 +155,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Token { device, epoch, ttl, device_secret_file, data_dir } => {
-            let secret = identity::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
-            let exp = gateway::proposer::now_ms() / 1000 + ttl;
-            match gateway::ws::auth::mint(&secret, &device, epoch, exp) {
+            let secret = secrets::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
+            let exp = gateway::clock::now_ms() / 1000 + ttl;
+            match gateway::token::mint(&secret, &device, epoch, exp) {
                 Ok(token) => println!("{token}"),
                 Err(e) => return Err(Failure::Usage(e.to_string())),
             }
@@ -178,7 +184,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     Ok(())
 }
 
-fn print_membership(m: &gateway::node::membership::MembershipSummary) {
+fn print_membership(m: &gateway::wire::MembershipSummary) {
     let fmt = |v: &[(u64, String)]| v.iter().map(|(id, n)| format!("{n} ({id})")).collect::<Vec<_>>().join(", ");
     println!("membership: voters [{}]; learners [{}]", fmt(&m.voters), fmt(&m.learners));
 }

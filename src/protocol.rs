@@ -29,6 +29,12 @@ pub enum ServerFrame {
     /// First frame after the upgrade.
     /// `stream_head` is the device's last message seq: sync from your cursor to get what you missed.
     Hello { device: String, node: String, node_id: u64, conn: u64, route_version: u64, stream_head: u64 },
+    /// A message published to the device (`payload` is the backend's JSON). The server builds
+    /// this frame with [`msg_json`], splicing the stored payload text in without re-parsing it.
+    Msg { seq: u64, payload: serde_json::Value },
+    /// The cursor a `sync` named is older than retention: messages before `oldest` are gone (the
+    /// device resyncs from its backend); the retained ones follow.
+    SyncGap { oldest: u64 },
     /// The node is draining; a close 1001 follows.
     Goaway { reason: String },
     /// Answer to a client `ping`.
@@ -54,6 +60,17 @@ impl ServerFrame {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("plain enum")
     }
+}
+
+impl ClientFrame {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain enum")
+    }
+}
+
+/// The text of [`ServerFrame::Msg`] around a payload that is already valid JSON text.
+pub fn msg_json(seq: u64, payload_json: &str) -> String {
+    format!(r#"{{"t":"msg","seq":{seq},"payload":{payload_json}}}"#)
 }
 
 #[cfg(test)]
@@ -83,5 +100,16 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<ClientFrame>(r#"{"t":"ack","seq":5}"#).unwrap(), ClientFrame::Ack { seq: 5 });
         assert!(serde_json::from_str::<ClientFrame>(r#"{"t":"nope"}"#).is_err());
+        assert_eq!(ClientFrame::Sync { after: 4 }.to_json(), r#"{"t":"sync","after":4}"#);
+        let gap: ServerFrame = serde_json::from_str(&ServerFrame::SyncGap { oldest: 8 }.to_json()).unwrap();
+        assert_eq!(gap, ServerFrame::SyncGap { oldest: 8 });
+    }
+
+    #[test]
+    fn spliced_msg_parses_as_the_msg_frame() {
+        let text = msg_json(7, r#"{"cmd":"reboot","n":[1,2]}"#);
+        let frame: ServerFrame = serde_json::from_str(&text).unwrap();
+        assert_eq!(frame, ServerFrame::Msg { seq: 7, payload: serde_json::json!({"cmd": "reboot", "n": [1, 2]}) });
+        assert_eq!(serde_json::from_str::<ServerFrame>(&frame.to_json()).unwrap(), frame);
     }
 }

@@ -1,11 +1,24 @@
-//! Virtual-node consistent-hash ring that maps keys (device ids) to live gateway nodes.
+//! Virtual-node consistent-hash ring that maps keys (device ids) to live gateway nodes, on the
+//! `hashring` crate with [`key_hash`] over explicit bytes as its hasher.
 //!
 //! Invariant: the ring does no I/O and hashes explicit bytes only, so every process
 //! that builds it from the same set of node names places every key identically,
 //! across builds, platforms and restarts.
+//!
+//! Relied on in `hashring` 0.3.6: `batch_add` pushes all nodes then `Vec::sort`s them by point
+//! (stable: tied points keep insertion order). `get` and `get_with_replicas` binary-search
+//! `hash_one(key)`, take `Ok(n) | Err(n)` and wrap `n == len` to 0: the first point `>= hash`, as
+//! before, except that a hash *equal* to a point two nodes share may go to either (std's
+//! `binary_search_by` returns any match). `get_with_replicas(key, r)` clones the ring, rotates it to
+//! `n` and returns `r + 1` nodes, or each node once when `r` exceeds the ring's length. Points are
+//! private, and iteration exists only for the default (SipHash) hasher.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
 
+use hashring::HashRing;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Virtual points each node places on the ring; changing it reshuffles placement cluster-wide.
@@ -19,11 +32,76 @@ pub fn key_hash(bytes: &[u8]) -> u64 {
     xxh3_64(bytes)
 }
 
+/// The ring's hasher: [`key_hash`] of the single `write` a [`Key`] or [`VNode`] makes.
+///
+/// One-shot, because buffering or streaming (`Xxh3Default`) made `owner` take 53–74 ns, not 30.
+/// A second write panics rather than hash something other than the concatenation.
+#[derive(Clone, Copy)]
+struct OneWrite;
+
+impl BuildHasher for OneWrite {
+    type Hasher = OneWriteHasher;
+
+    fn build_hasher(&self) -> OneWriteHasher {
+        OneWriteHasher(None)
+    }
+}
+
+struct OneWriteHasher(Option<u64>);
+
+impl Hasher for OneWriteHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        assert!(self.0.is_none(), "ring hasher: one write per key");
+        self.0 = Some(key_hash(bytes));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0.unwrap_or_else(|| key_hash(b""))
+    }
+}
+
+/// A key as the ring hashes it: its bytes and nothing else (`Hash for [u8]` would prefix the length).
+struct Key<'a>(&'a [u8]);
+
+impl Hash for Key<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.0);
+    }
+}
+
+/// Point `i` of node `nodes[node]`; `Clone` and `Debug` because `get_with_replicas` requires them.
+#[derive(Clone, Debug)]
+struct VNode {
+    /// Shared by the node's points: `hashring` needs the label in `Hash`, with no context.
+    name: Arc<str>,
+    node: u32,
+    i: u32,
+}
+
+impl VNode {
+    /// Index of this point in `Ring::next`: node-major, `VNODES` per node.
+    fn id(&self) -> usize {
+        self.node as usize * VNODES as usize + self.i as usize
+    }
+}
+
+impl Hash for VNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Explicit bytes (`Hash for str` would append 0xff). `i` is decimal and has no '#', so the
+        // label splits uniquely at its last '#': distinct (name, i) never hash the same bytes.
+        state.write(format!("{}#{}", self.name, self.i).as_bytes());
+    }
+}
+
 /// Consistent-hash ring over a set of node names.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Ring {
-    /// Sorted by (point, node index); node indices are in name order, so ties resolve by name.
-    points: Vec<(u64, u32)>,
+    /// `VNODES` points per node, added in name order so that tied points keep name order.
+    ring: HashRing<VNode, OneWrite>,
+    /// Id ([`VNode::id`]) of the next point clockwise, per point, read once from `hashring`: it walks
+    /// on from a point only by copying the ring (`get_with_replicas`: 10–24 µs with 3–7 nodes, not
+    /// 80 ns), and `owner_skipping` runs on each device handshake.
+    next: Vec<u32>,
     /// Sorted and deduplicated, so the ring depends only on the set of names.
     nodes: Vec<String>,
 }
@@ -32,7 +110,8 @@ impl Ring {
     /// Builds the ring from node names; order and duplicates do not matter.
     ///
     /// Each node contributes the points `key_hash("{name}#{i}")` for `i in 0..VNODES`.
-    /// When two nodes land on the same point, the node whose name sorts first owns it.
+    /// When two nodes land on the same point, the node whose name sorts first owns it (bar one
+    /// 64-bit coincidence on top of that one: see module docs).
     pub fn new<I, S>(nodes: I) -> Ring
     where
         I: IntoIterator<Item = S>,
@@ -41,15 +120,20 @@ impl Ring {
         let mut nodes: Vec<String> = nodes.into_iter().map(|s| s.as_ref().to_owned()).collect();
         nodes.sort_unstable();
         nodes.dedup();
-        let mut points = Vec::with_capacity(nodes.len() * VNODES as usize);
+        let mut vnodes = Vec::with_capacity(nodes.len() * VNODES as usize);
         for (idx, name) in nodes.iter().enumerate() {
-            let idx = u32::try_from(idx).expect("more than u32::MAX nodes");
-            // `i` is decimal and has no '#', so "{name}#{i}" splits uniquely at its last '#':
-            // distinct (name, i) pairs never produce the same hashed bytes.
-            points.extend((0..VNODES).map(|i| (key_hash(format!("{name}#{i}").as_bytes()), idx)));
+            let node = u32::try_from(idx).expect("more than u32::MAX nodes");
+            let name: Arc<str> = name.as_str().into();
+            vnodes.extend((0..VNODES).map(|i| VNode { name: name.clone(), node, i }));
         }
-        points.sort_unstable();
-        Ring { points, nodes }
+        let mut next = vec![0; vnodes.len()];
+        let mut ring = HashRing::with_hasher(OneWrite);
+        ring.batch_add(vnodes);
+        let clockwise = ring.get_with_replicas(&Key(b""), usize::MAX).unwrap_or_default();
+        for (a, b) in clockwise.iter().zip(clockwise.iter().cycle().skip(1)) {
+            next[a.id()] = u32::try_from(b.id()).expect("fewer than 2^32 points");
+        }
+        Ring { ring, next, nodes }
     }
 
     /// True when the ring has no nodes (and so owns no keys).
@@ -66,9 +150,7 @@ impl Ring {
     /// around past `u64::MAX`. `None` only for an empty ring.
     pub fn owner(&self, key: &[u8]) -> Option<&str> {
         // Separate from `owner_skipping` so the hot path stays allocation-free.
-        let start = self.start(key);
-        let &(_, idx) = self.points.get(start).or(self.points.first())?;
-        Some(&self.nodes[idx as usize])
+        self.ring.get(&Key(key)).map(|v| &*v.name)
     }
 
     /// Like [`Ring::owner`], but walks clockwise past points of nodes for which `skip`
@@ -76,17 +158,13 @@ impl Ring {
     ///
     /// `skip` is called at most once per node.
     pub fn owner_skipping(&self, key: &[u8], skip: impl Fn(&str) -> bool) -> Option<&str> {
-        if self.points.is_empty() {
-            return None;
-        }
-        let start = self.start(key);
+        let mut id = self.ring.get(&Key(key))?.id();
         // Memoised verdicts: `skip` may be costly, and counting skipped nodes lets us stop
         // early instead of walking all N * VNODES points when everything is excluded.
         let mut verdict: Vec<Option<bool>> = vec![None; self.nodes.len()];
         let mut skipped = 0;
-        let (tail, head) = self.points.split_at(start);
-        for &(_, idx) in head.iter().chain(tail) {
-            let idx = idx as usize;
+        for _ in 0..self.next.len() {
+            let idx = id / VNODES as usize;
             let name = self.nodes[idx].as_str();
             let skip_it = *verdict[idx].get_or_insert_with(|| {
                 let s = skip(name);
@@ -99,6 +177,7 @@ impl Ring {
             if skipped == self.nodes.len() {
                 return None;
             }
+            id = self.next[id] as usize;
         }
         None
     }
@@ -106,24 +185,41 @@ impl Ring {
     /// Fraction of the 2^64 hash space each node owns; sums to 1.0 within float error.
     /// Empty map for an empty ring.
     pub fn shares(&self) -> BTreeMap<String, f64> {
-        let (Some(&(first, first_idx)), Some(&(last, _))) = (self.points.first(), self.points.last()) else {
-            return BTreeMap::new();
-        };
-        // A point owns the hashes in (previous point, point]; the first point's arc wraps
-        // through u64::MAX. u128 keeps it exact (2^64 when all points coincide).
+        // `hashring` keeps points private: take every point clockwise (a copy of the ring, fine off
+        // the hot path; none if empty) and re-hash it. Arcs go around the circle: any start will do.
+        let clockwise = self.ring.get_with_replicas(&Key(b""), usize::MAX).unwrap_or_default();
+        let points: Vec<u64> = clockwise.iter().map(|v| OneWrite.hash_one(v)).collect();
+        let previous = points.iter().cycle().skip(points.len().saturating_sub(1));
+        // A point owns the hashes in (previous point, point]: of tied points only the first owns any.
+        // u128 sums are exact and total 2^64 unless all points coincide (not worth code).
         let mut owned = vec![0u128; self.nodes.len()];
-        owned[first_idx as usize] = (1u128 << 64) - u128::from(last) + u128::from(first);
-        for w in self.points.windows(2) {
-            owned[w[1].1 as usize] += u128::from(w[1].0 - w[0].0);
+        for ((v, &p), &q) in clockwise.iter().zip(&points).zip(previous) {
+            owned[v.node as usize] += u128::from(p.wrapping_sub(q));
         }
         let space = 2f64.powi(64);
         self.nodes.iter().zip(owned).map(|(name, arc)| (name.clone(), arc as f64 / space)).collect()
     }
+}
 
-    /// Index of the first point with `point >= key_hash(key)`; `points.len()` means wrap to 0.
-    fn start(&self, key: &[u8]) -> usize {
-        let h = key_hash(key);
-        self.points.partition_point(|&(p, _)| p < h)
+// By hand: `HashRing` is not `Eq` (its `PartialEq` compares points only) and has `Default` only for
+// SipHash. The ring is a pure function of its sorted names, so they are its identity (and `Debug`).
+impl PartialEq for Ring {
+    fn eq(&self, other: &Ring) -> bool {
+        self.nodes == other.nodes
+    }
+}
+
+impl Eq for Ring {}
+
+impl Default for Ring {
+    fn default() -> Ring {
+        Ring::new(Vec::<String>::new())
+    }
+}
+
+impl fmt::Debug for Ring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ring").field("nodes", &self.nodes).finish_non_exhaustive()
     }
 }
 

@@ -14,12 +14,16 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
-/// Serves `listener` with `handler` until `shutdown` fires; `name` labels accept errors.
+/// Serves `listener` with `handler` until `shutdown` fires; `name` labels accept errors. Every
+/// connection task is tracked on `conns` (upgraded WebSocket sessions track themselves).
 pub async fn serve<H, Fut>(
     name: &'static str,
     listener: TcpListener,
     header_read_timeout: Duration,
+    conns: TaskTracker,
     shutdown: CancellationToken,
     handler: H,
 ) where
@@ -27,7 +31,7 @@ pub async fn serve<H, Fut>(
     Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(s) => s,
@@ -41,7 +45,8 @@ pub async fn serve<H, Fut>(
         };
         let _ = stream.set_nodelay(true);
         let (handler, stop) = (handler.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        let span = tracing::trace_span!("conn", listener = name, %peer);
+        let serving = async move {
             let svc = service_fn(move |req| {
                 let fut = handler(req);
                 async move { Ok::<_, Infallible>(fut.await) }
@@ -56,6 +61,7 @@ pub async fn serve<H, Fut>(
                 _ = conn.as_mut() => {}
                 _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
             }
-        });
+        };
+        conns.spawn(serving.instrument(span));
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::ws::{Dial, Event};
 use common::{Cluster, SLACK};
-use gateway::ws::auth::{mint, DeviceClaims};
+use gateway::token::{mint, DeviceClaims};
 
 const HEADER_READ_TIMEOUT_MS: u64 = 500;
 const MAX_MESSAGE_BYTES: usize = 1024;

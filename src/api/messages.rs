@@ -4,10 +4,10 @@
 
 use hyper::StatusCode;
 
-use super::{error, json, Api, Resp};
-use crate::proposer::ProposeError;
-use crate::raft::types::{Command, Reply};
-use crate::ws::auth::valid_device_id;
+use super::{error, Api};
+use crate::answer::{self, Resp};
+use crate::machine::Publish;
+use crate::token::valid_device_id;
 
 /// Idempotency keys: 1-128 printable ASCII characters.
 fn valid_key(key: &str) -> bool {
@@ -20,18 +20,18 @@ pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) 
     }
     if let Some(k) = key.as_deref().filter(|k| !valid_key(k)) {
         let msg = format!("Idempotency-Key must be 1-128 printable ASCII characters, got {} bytes", k.len());
-        return error(StatusCode::BAD_REQUEST, "bad_idempotency_key", &msg);
+        return error(StatusCode::BAD_REQUEST, "bad_idempotency_key", msg);
     }
     if body.len() > api.device.max_payload_bytes {
         let msg = format!("payload of {} bytes exceeds max_payload_bytes {}", body.len(), api.device.max_payload_bytes);
-        return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &msg);
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
     }
     // Validated and re-serialized compactly: the stored text is spliced into `{"t":"msg",...}`.
     let payload = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) => v.to_string(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", &e.to_string()),
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
     };
-    let cmd = Command::Publish {
+    let publish = Publish {
         device: device.to_string(),
         payload,
         key,
@@ -39,16 +39,11 @@ pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) 
         keep_count: api.device.retain_count,
         keep_age_ms: api.device.retain_ms,
     };
-    match api.proposer.propose(cmd).await {
-        Ok(Reply::Published { seq, duplicate }) => {
-            json(StatusCode::OK, &serde_json::json!({"device": device, "seq": seq, "duplicate": duplicate}))
+    // An unavailable answer may still commit: retry with the same Idempotency-Key.
+    match answer::publish(api.cluster.publish(publish).await) {
+        Ok((seq, duplicate)) => {
+            answer::json(StatusCode::OK, &serde_json::json!({"device": device, "seq": seq, "duplicate": duplicate}))
         }
-        Ok(Reply::NoSuchDevice) => {
-            error(StatusCode::NOT_FOUND, "unknown_device", "this device has never connected: no stream to publish to")
-        }
-        Ok(other) => error(StatusCode::INTERNAL_SERVER_ERROR, "unexpected_reply", &format!("{other:?}")),
-        Err(e @ ProposeError::Rejected(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "rejected", &e.to_string()),
-        // The publish may still commit: retry with the same Idempotency-Key.
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", &e.to_string()),
+        Err(refusal) => refusal.response(),
     }
 }

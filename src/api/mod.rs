@@ -1,55 +1,40 @@
-//! The cluster listener: Raft RPC, admin API, route lookup and claims, health. Every path except
-//! `/healthz` and `/readyz` needs `Authorization: Bearer <cluster secret>` (constant-time compare);
-//! a request without it gets 401 and changes nothing. This module owns the HTTP-status mapping.
+//! The cluster listener: Raft RPC, admin API, route lookup, claims and publishes, health and
+//! metrics. Every path except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
+//! <cluster secret>` (constant-time compare); a request without it gets 401 and changes nothing.
+//! Sees the cluster only through the typed [`Handle`]; answers through `crate::answer`.
 
 mod admin;
 mod messages;
 mod raft_rpc;
 
-/// Request and reply bodies of the admin API, shared with the client in `crate::admin`.
-pub mod admin_types {
-    pub use super::admin::{IdentityReply, JoinRequest, LeaveRequest, PromoteRequest};
-}
-
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
-use serde::Serialize;
+use hyper::{Method, Request, StatusCode};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::cluster::ClusterWatch;
-use crate::config::Timing;
+use crate::answer::{Refusal, Resp};
+use crate::cluster::Handle;
 use crate::http::HttpClient;
+use crate::machine::NodeId;
 use crate::metrics::Metrics;
-use crate::proposer::Proposer;
-use crate::raft::types::{Member, NodeId, Raft};
-use crate::store::state::StateDb;
 
 /// Largest request body: a Raft snapshot chunk or append batch fits well below it.
 const MAX_BODY: usize = 64 << 20;
 
 /// What the cluster-listener handlers need.
 pub struct Api {
-    pub me: NodeId,
-    pub member: Member,
-    pub raft: Raft,
-    pub proposer: Proposer,
-    pub view: ClusterWatch,
-    pub state: StateDb,
-    pub timing: Timing,
+    pub cluster: Handle,
     /// Device-side knobs (message retention and payload limit).
     pub device: crate::config::DeviceConfig,
     pub secret: Arc<Vec<u8>>,
+    /// Relays admin requests to the leader and tells removed nodes.
     pub http: HttpClient,
-    /// Highest committed log index this node has learned (maintained by the log store).
-    pub committed: Arc<AtomicU64>,
     pub metrics: Arc<Metrics>,
     /// Cancelled to stop the node (e.g. when the leader says it was removed).
     pub stop: CancellationToken,
@@ -59,15 +44,18 @@ pub struct Api {
     pub drain: CancellationToken,
 }
 
-pub type Resp = Response<Full<Bytes>>;
+/// `{"error": reason, "message": message}` with `status`.
+pub(crate) fn error(status: StatusCode, reason: &'static str, message: impl std::fmt::Display) -> Resp {
+    Refusal::new(status, reason).message(message).response()
+}
 
-/// Serves the cluster listener until `shutdown` fires.
-pub async fn run(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken) {
+/// Serves the cluster listener until `shutdown` fires; connections are tracked on `conns`.
+pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutdown: CancellationToken) {
     let handler = move |req| {
         let api = api.clone();
         async move { handle(&api, req).await }
     };
-    crate::server::serve("cluster", listener, Duration::from_secs(10), shutdown, handler).await
+    crate::server::serve("cluster", listener, Duration::from_secs(10), conns, shutdown, handler).await
 }
 
 async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
@@ -79,7 +67,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("target=")))
         .and_then(|v| v.parse().ok());
     match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => return json(StatusCode::OK, &serde_json::json!({"ok": true})),
+        (&Method::GET, "/healthz") => return crate::answer::json(StatusCode::OK, &serde_json::json!({"ok": true})),
         (&Method::GET, "/readyz") => return admin::readyz(api),
         (&Method::GET, "/metrics") => return admin::metrics(api),
         _ => {}
@@ -92,23 +80,21 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", &e.to_string()),
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", e),
     };
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     // Messages meant for one identity (Raft RPC, removal notices) name it: a wiped node answering
     // on its old address must not act on its former identity's behalf.
     let addressed = segments.first() == Some(&"raft") || segments.as_slice() == ["cluster", "removed"];
-    if addressed && target != Some(api.me) {
-        return error(
-            StatusCode::CONFLICT,
-            "wrong_target",
-            &format!("this is node {}, not {}", api.me, target.map_or("(none)".into(), |t| t.to_string())),
-        );
+    let me = api.cluster.me();
+    if addressed && target != Some(me) {
+        let wanted = target.map_or("(none)".into(), |t| t.to_string());
+        return error(StatusCode::CONFLICT, "wrong_target", format!("this is node {me}, not {wanted}"));
     }
     match (&method, segments.as_slice()) {
-        (&Method::POST, ["raft", "append"]) => raft_rpc::append(api, &body).await,
-        (&Method::POST, ["raft", "vote"]) => raft_rpc::vote(api, &body).await,
-        (&Method::POST, ["raft", "snapshot"]) => raft_rpc::snapshot(api, &body).await,
+        (&Method::POST, ["raft", "append"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Append, &body).await,
+        (&Method::POST, ["raft", "vote"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Vote, &body).await,
+        (&Method::POST, ["raft", "snapshot"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Snapshot, &body).await,
         (&Method::POST, ["cluster", "propose"]) => raft_rpc::propose(api, &body).await,
         (&Method::GET, ["cluster", "status"]) => admin::status(api),
         (&Method::GET, ["cluster", "identity"]) => admin::identity(api),
@@ -122,7 +108,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["v1", "devices", device, "messages"]) => {
             messages::publish(api, device, idempotency_key, &body).await
         }
-        _ => error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {method} {path}")),
+        _ => error(StatusCode::NOT_FOUND, "not_found", "no such path"),
     }
 }
 
@@ -134,25 +120,4 @@ fn authorized(api: &Api, req: &Request<Incoming>) -> bool {
         return false;
     };
     token.ct_eq(api.secret.as_slice()).into()
-}
-
-pub(crate) fn json<T: Serialize>(status: StatusCode, body: &T) -> Resp {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
-    Response::builder()
-        .status(status)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(bytes)))
-        .expect("static response parts")
-}
-
-pub(crate) fn error(status: StatusCode, reason: &str, message: &str) -> Resp {
-    json(status, &serde_json::json!({"error": reason, "message": message}))
-}
-
-pub(crate) fn binary(bytes: Vec<u8>) -> Resp {
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
-        .body(Full::new(Bytes::from(bytes)))
-        .expect("static response parts")
 }

@@ -1,47 +1,35 @@
-//! Raft RPC endpoints and the leader's forwarded-write endpoint; bodies in the project codec.
+//! Raft RPC endpoints and the leader's forwarded-write endpoint; bodies in the project codec,
+//! handled by the cluster port.
 
-use hyper::StatusCode;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Response, StatusCode};
 
-use super::{binary, error, Api, Resp};
-use crate::codec::{decode, encode};
-use crate::raft::types::Command;
+use super::{error, Api};
+use crate::answer::Resp;
+use crate::raft::rpc::{RpcError, RpcKind};
 
-fn bad(e: impl std::fmt::Display) -> Resp {
-    error(StatusCode::BAD_REQUEST, "bad_request", &e.to_string())
+fn binary(bytes: Vec<u8>) -> Resp {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+        .body(Full::new(Bytes::from(bytes)))
+        .expect("static response parts")
 }
 
-fn reply<T: serde::Serialize>(value: &T) -> Resp {
-    match encode(value) {
-        Ok(b) => binary(b),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "encode", &e.to_string()),
-    }
-}
-
-pub async fn append(api: &Api, body: &[u8]) -> Resp {
-    match decode(body) {
-        Ok(req) => reply(&api.raft.append_entries(req).await),
-        Err(e) => bad(e),
-    }
-}
-
-pub async fn vote(api: &Api, body: &[u8]) -> Resp {
-    match decode(body) {
-        Ok(req) => reply(&api.raft.vote(req).await),
-        Err(e) => bad(e),
-    }
-}
-
-pub async fn snapshot(api: &Api, body: &[u8]) -> Resp {
-    match decode(body) {
-        Ok(req) => reply(&api.raft.install_snapshot(req).await),
-        Err(e) => bad(e),
+/// `/raft/{append,vote,snapshot}`.
+pub async fn raft(api: &Api, kind: RpcKind, body: &[u8]) -> Resp {
+    match api.cluster.rpc(kind, body).await {
+        Ok(reply) => binary(reply),
+        Err(e @ RpcError::BadRequest(_)) => error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e @ RpcError::Encode(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "encode", e),
     }
 }
 
 /// Commands a follower forwarded; they join this node's next batches.
 pub async fn propose(api: &Api, body: &[u8]) -> Resp {
-    match decode::<Vec<Command>>(body) {
-        Ok(cmds) => reply(&api.proposer.propose_forwarded(cmds).await),
-        Err(e) => bad(e),
+    match api.cluster.propose_forwarded(body).await {
+        Ok(replies) => binary(replies),
+        Err(e) => error(StatusCode::BAD_REQUEST, "bad_request", e),
     }
 }

@@ -1,20 +1,24 @@
-//! A node's serving lifecycle on the `Mode` watch: Serving → Draining (V6) and Serving ⇄ Fenced
-//! (V7). Drain: refuse handshakes, leave the ring everywhere at once (`Drain`), tell every device
+//! A node's lifecycle: how it starts (bootstrap, join or standby), and its serving mode on the
+//! `Mode` watch: Serving → Draining (V6) and Serving ⇄ Fenced (V7). Drain: refuse handshakes, leave the ring everywhere at once (`Drain`), tell every device
 //! (`goaway` + 1001, paced by `drain_rate`), wait for them or `drain_timeout`, then `ReleaseNode`.
 //! Fencing: when no lease renewal has committed for `lease - margin` (margin = lease/5), refuse
 //! handshakes; close the connections still open `margin/2` later with 1013 (apply events may close them first with
 //! 4001/4002); when a renewal commits again, close every connection whose route was taken over or
 //! swept, and serve again.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::proposer::Proposer;
+use crate::cluster::Handle;
+use crate::config::{Config, Start};
+use crate::http::HttpClient;
+
 use crate::protocol::close;
-use crate::raft::types::{Command, NodeId};
 use crate::ws::registry::Control;
 use crate::ws::{self, Gate, Mode};
 
@@ -22,6 +26,55 @@ use crate::ws::{self, Gate, Mode};
 /// sent, before the leader stamps them, so the margin only covers clock-rate drift and delivery);
 /// connections still open a further `lease / 10` later (before the lease can lapse) are closed with 1013.
 pub const FENCE_MARGIN_DIVISOR: u32 = 5;
+
+/// A task the node runs beside its others.
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How a node starts: a fresh data dir with neither `--join` nor `--standby` bootstraps a
+/// one-node cluster; `--join ADDR` returns the task that asks that member to add this node until
+/// it is one; `--standby` waits for `gateway join`.
+pub async fn start(
+    cluster: &Handle,
+    cfg: &Config,
+    fresh: bool,
+    http: HttpClient,
+    cancel: CancellationToken,
+) -> Option<Task> {
+    let mut join: Option<Task> = None;
+    match (&cfg.start, fresh) {
+        (Start::Bootstrap, true) => match cluster.bootstrap().await {
+            Ok(()) => tracing::info!("bootstrapped a one-node cluster"),
+            Err(e) => tracing::warn!(error = %e, "bootstrap skipped"),
+        },
+        (Start::Join(addr), _) => {
+            let (addr, me, id) = (addr.clone(), cfg.cluster_addr(), cluster.me());
+            join = Some(Box::pin(async move {
+                crate::tools::admin::join_until_member(&http, &addr, &me, id, cancel).await;
+            }));
+        }
+        (Start::Standby, true) => tracing::info!("standby: waiting to be added with `gateway join`"),
+        _ => {}
+    }
+    if !fresh && !cluster.is_initialized().await {
+        tracing::info!(
+            "this node is not part of a cluster yet: add it with `gateway join --node {}`",
+            cfg.cluster_addr()
+        );
+    }
+    join
+}
+
+/// How a node winds down: a drain (SIGTERM, `gateway drain`), or, when it was removed from the
+/// cluster, a goodbye to its devices.
+pub async fn stop(gate: &Gate, mode: &watch::Sender<Mode>, drain_with: Option<&DrainConfig>) {
+    match drain_with {
+        // openraft 0.9 has no leadership transfer, and followers refuse votes while the leader's
+        // lease (election_timeout_max) runs: if this node led, the others elect a new leader
+        // within about two election timeouts of its exit.
+        Some(cfg) => drain(gate, mode, cfg).await,
+        None => say_goodbye(gate, Duration::from_secs(1)).await,
+    }
+}
 
 /// Drain pacing knobs.
 #[derive(Debug, Clone)]
@@ -31,11 +84,11 @@ pub struct DrainConfig {
 }
 
 /// Runs the drain to the end; the caller then stops the process.
-pub async fn drain(me: NodeId, gate: &Gate, mode: &watch::Sender<Mode>, proposer: &Proposer, cfg: &DrainConfig) {
-    let started = Instant::now();
+pub async fn drain(gate: &Gate, mode: &watch::Sender<Mode>, cfg: &DrainConfig) {
+    let (started, me) = (Instant::now(), gate.cluster.me());
     mode.send_replace(Mode::Draining);
     tracing::info!("draining: refusing new handshakes");
-    match proposer.propose(Command::Drain { node: me, at_ms: 0 }).await {
+    match gate.cluster.drain(me).await {
         Ok(_) => tracing::info!("draining: left the ring"),
         Err(e) => {
             tracing::warn!(error = %e, "draining: could not commit Drain; leaving the ring when the lease lapses")
@@ -54,11 +107,9 @@ pub async fn drain(me: NodeId, gate: &Gate, mode: &watch::Sender<Mode>, proposer
         gate.registry.send(conn, Control::Goaway { reason: "drain".into() });
         gate.metrics.drained.inc();
     }
-    while !gate.registry.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let _ = tokio::time::timeout_at(deadline, gate.registry.wait_empty()).await;
     let left = gate.registry.len();
-    match proposer.propose(Command::ReleaseNode { node: me }).await {
+    match gate.cluster.release_node(me).await {
         Ok(_) => tracing::info!(total, left, elapsed = ?started.elapsed(), "drained: released this node's routes"),
         Err(e) => tracing::warn!(error = %e, "drained, but ReleaseNode did not commit; the lease covers it"),
     }
@@ -70,10 +121,7 @@ pub async fn say_goodbye(gate: &Gate, bound: Duration) {
     for s in gate.registry.sessions() {
         gate.registry.send(s.conn, Control::Goaway { reason: "stopping".into() });
     }
-    let deadline = tokio::time::Instant::now() + bound;
-    while !gate.registry.is_empty() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let _ = tokio::time::timeout(bound, gate.registry.wait_empty()).await;
 }
 
 /// Watches renewals and fences this node while they fail (V7).
@@ -97,7 +145,7 @@ pub async fn fence_loop(
         }
         let since = renewed.borrow().elapsed();
         // A node outside the membership (standby) holds no lease to lose.
-        let member = gate.view.borrow().member(gate.me).is_some();
+        let member = gate.cluster.view().member(gate.cluster.me()).is_some();
         let lapsing = member && since > lease - margin;
         let current = *mode.borrow();
         match (current, lapsing, fenced_at) {

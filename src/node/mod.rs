@@ -1,52 +1,41 @@
-//! Composition root: data dir → identity and secrets → stores → Raft → proposer, duties and
-//! listeners. Wiring only; decisions live in the modules it wires.
+//! Composition root: data dir → identity and secrets → stores → Raft → cluster handle, duties and
+//! listeners. [`build`] assembles a node (nothing runs yet), [`Node::run`] starts every task on one
+//! tracker, each in its own span, waits for a stop and winds down. Wiring only; decisions live in
+//! the modules it wires (`lifecycle` for start and stop).
 
 pub mod duties;
 pub mod identity;
 pub mod lifecycle;
-pub mod membership;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::api::{self, Api};
-use crate::config::{Config, Start};
+use crate::cluster::proposer::Proposer;
+use crate::cluster::{Handle, Parts};
+use crate::config::Config;
 use crate::http::HttpClient;
+use crate::machine::{Event, Member};
 use crate::metrics::Metrics;
-use crate::proposer::Proposer;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::Network;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::types::{Floor, Route};
-use crate::raft::types::{Member, Raft};
+use crate::raft::types::Raft;
+use crate::secrets;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
-use crate::store::streams::StreamRead;
+use crate::token::Verifier;
 use crate::ws::admission::Admission;
-use crate::ws::auth::Verifier;
 use crate::ws::registry::Registry;
 use crate::ws::session::SessionConfig;
-use crate::ws::{self, Gate, Mode, RouteLookup};
-
-/// The device listener's view of the store: point lookups only.
-struct StoreLookup(StateDb);
-
-impl RouteLookup for StoreLookup {
-    fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String> {
-        self.0.route(device).map_err(|e| e.to_string())
-    }
-
-    fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, String> {
-        self.0.stream(device, after, limit).map_err(|e| e.to_string())
-    }
-}
+use crate::ws::{self, Gate, Mode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -62,31 +51,64 @@ pub enum NodeError {
     Raft(String),
 }
 
-/// Runs a node until SIGINT/SIGTERM or until it is removed from the cluster.
+impl From<secrets::SecretError> for NodeError {
+    fn from(e: secrets::SecretError) -> Self {
+        NodeError::Config(e.to_string())
+    }
+}
+
+/// Runs a node until SIGINT/SIGTERM, a drain request, or its removal from the cluster.
 pub async fn serve(cfg: Config) -> Result<(), NodeError> {
+    let node = build(cfg).await?;
+    let span = tracing::info_span!("node", name = %node.cluster.member().name, id = node.cluster.me());
+    node.run().instrument(span).await;
+    Ok(())
+}
+
+/// A node assembled and bound, not yet running.
+pub struct Node {
+    cfg: Config,
+    /// The data dir was created now (bootstrap decides on it).
+    fresh: bool,
+    cluster: Handle,
+    gate: Arc<Gate>,
+    api: Arc<Api>,
+    events: broadcast::Receiver<Event>,
+    mode: watch::Sender<Mode>,
+    renewed: (watch::Sender<std::time::Instant>, watch::Receiver<std::time::Instant>),
+    public: TcpListener,
+    cluster_listener: TcpListener,
+    http: HttpClient,
+    metrics: Arc<Metrics>,
+    /// Where the secrets came from, for the start-up line.
+    secret_sources: (String, String),
+    tasks: TaskTracker,
+    /// Cancelled to stop every task.
+    stop: CancellationToken,
+    drain_requested: CancellationToken,
+}
+
+/// Opens the data dir, the stores and Raft, binds both listeners and wires the handle, the
+/// device gate and the API. Nothing runs until [`Node::run`].
+pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let (ident, fresh) = identity::load_or_create(&cfg.data_dir, cfg.name.as_deref())?;
-    let (cluster_secret, cluster_secret_src) = identity::secret(
-        "GATEWAY_CLUSTER_SECRET",
-        cfg.cluster_secret_file.as_deref(),
-        &cfg.data_dir,
-        "cluster.secret",
-    )?;
-    let (device_secret, device_secret_src) =
-        identity::secret("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), &cfg.data_dir, "device.secret")?;
+    let dir = &cfg.data_dir;
+    let (cluster_secret, cluster_src) =
+        secrets::secret("GATEWAY_CLUSTER_SECRET", cfg.cluster_secret_file.as_deref(), dir, "cluster.secret")?;
+    let (device_secret, device_src) =
+        secrets::secret("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), dir, "device.secret")?;
     let member = Member { name: ident.name.clone(), cluster_addr: cfg.cluster_addr(), public_url: cfg.public_url() };
-    let span = tracing::info_span!("node", name = %ident.name, id = ident.id);
-    let _enter = span.enter();
 
     let dir = cfg.data_dir.clone();
-    let (log_db, (state_db, meta)) =
+    let (log_db, (state_db, loaded)) =
         tokio::task::spawn_blocking(move || -> Result<_, NodeError> { Ok((LogDb::open(&dir)?, StateDb::open(&dir)?)) })
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))??;
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
-    let (sm, view) = StateMachine::new(state_db.clone(), meta, metrics.clone());
-    let apply_events = sm.events();
+    let (sm, view) = StateMachine::new(state_db.clone(), loaded, metrics.clone())?;
+    let events = sm.events();
     let t = &cfg.timing;
     let raft_config = openraft::Config {
         cluster_name: "gateway".into(),
@@ -101,63 +123,48 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
     .validate()
     .map_err(|e| NodeError::Config(e.to_string()))?;
     let http = HttpClient::new(&cluster_secret);
-    let raft = Raft::new(
-        ident.id,
-        Arc::new(raft_config),
-        Network::new(http.clone()),
-        LogStore::new(log_db, committed.clone(), metrics.clone()),
-        sm,
-    )
-    .await
-    .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let log = LogStore::new(log_db, committed.clone(), metrics.clone());
+    let raft = Raft::new(ident.id, Arc::new(raft_config), Network::new(http.clone()), log, sm)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let cluster_listener = TcpListener::bind(cfg.cluster_listen)
         .await
         .map_err(|source| NodeError::Bind { addr: cfg.cluster_listen, source })?;
-    let public_listener =
-        TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
+    let public = TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
 
-    let stop = CancellationToken::new();
-    let drain_requested = CancellationToken::new();
+    let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
     let (mode_tx, mode) = watch::channel(Mode::Serving);
-    let (renewed_tx, renewed_rx) = watch::channel(std::time::Instant::now());
-    let tasks = stop.child_token();
-    let proposer = Proposer::spawn(
-        raft.clone(),
-        http.clone(),
-        Duration::from_millis(t.propose_timeout_ms),
-        metrics.clone(),
-        tasks.clone(),
-    );
-    let api = Arc::new(Api {
+    let propose_timeout = Duration::from_millis(t.propose_timeout_ms);
+    let proposer =
+        Proposer::spawn(raft.clone(), http.clone(), propose_timeout, metrics.clone(), tasks.clone(), stop.clone());
+    let cluster = Handle::new(Parts {
         me: ident.id,
-        member: member.clone(),
-        raft: raft.clone(),
-        proposer: proposer.clone(),
-        view: view.clone(),
-        state: state_db.clone(),
+        member,
+        raft,
+        proposer,
+        state: state_db,
+        view,
         timing: t.clone(),
-        device: cfg.device.clone(),
-        secret: Arc::new(cluster_secret.clone()),
-        http: http.clone(),
         committed,
+    });
+    let api = Arc::new(Api {
+        cluster: cluster.clone(),
+        device: cfg.device.clone(),
+        secret: Arc::new(cluster_secret),
+        http: http.clone(),
         metrics: metrics.clone(),
         stop: stop.clone(),
         mode: mode.clone(),
         drain: drain_requested.clone(),
     });
-    let registry = Registry::default();
     let d = &cfg.device;
     let gate = Arc::new(Gate {
-        me: ident.id,
-        name: ident.name.clone(),
+        cluster: cluster.clone(),
         admission: Admission::new(d.admit_rate, d.admit_burst),
         verifier: Verifier::new(&device_secret),
-        view: view.clone(),
-        mode: mode.clone(),
-        proposer: proposer.clone(),
-        routes: Arc::new(StoreLookup(state_db)),
-        registry: registry.clone(),
+        mode,
+        registry: Registry::default(),
         handshake_timeout: Duration::from_millis(d.handshake_timeout_ms),
         header_read_timeout: Duration::from_millis(d.header_read_timeout_ms),
         session: SessionConfig {
@@ -167,104 +174,92 @@ pub async fn serve(cfg: Config) -> Result<(), NodeError> {
             send_queue: d.send_queue,
         },
         metrics: metrics.clone(),
-        tracker: TaskTracker::new(),
+        tasks: tasks.clone(),
     });
-    let mut handles = vec![
-        tokio::spawn(api::run(cluster_listener, api, tasks.clone())),
-        tokio::spawn(ws::run(public_listener, gate.clone(), tasks.clone())),
-        tokio::spawn(ws::enforce_routes(gate.clone(), apply_events, tasks.clone())),
-        tokio::spawn(
-            duties::Renewer {
-                me: ident.id,
-                proposer: proposer.clone(),
-                view: view.clone(),
-                lease_ms: t.lease_ms,
-                sessions: registry.clone(),
-                mode: mode.clone(),
-                renewed: renewed_tx,
-                incarnation: rand::random(),
-            }
-            .run(tasks.clone()),
-        ),
-        tokio::spawn(duties::leader_loop(
-            ident.id,
-            raft.clone(),
-            proposer.clone(),
-            view.clone(),
-            t.clone(),
-            metrics.clone(),
-            tasks.clone(),
-        )),
-        tokio::spawn(duties::watch_removal(ident.id, view.clone(), stop.clone())),
-    ];
-    let mode_tx = Arc::new(mode_tx);
-    handles.push(tokio::spawn(lifecycle::fence_loop(
-        gate.clone(),
-        mode_tx.clone(),
-        renewed_rx,
-        Duration::from_millis(t.lease_ms),
-        tasks.clone(),
-    )));
+    Ok(Node {
+        fresh,
+        cluster,
+        gate,
+        api,
+        events,
+        mode: mode_tx,
+        renewed: watch::channel(std::time::Instant::now()),
+        public,
+        cluster_listener,
+        http,
+        metrics,
+        secret_sources: (cluster_src, device_src),
+        tasks,
+        stop,
+        drain_requested,
+        cfg,
+    })
+}
 
-    match (&cfg.start, fresh) {
-        (Start::Bootstrap, true) => match raft.initialize(BTreeMap::from([(ident.id, member.clone())])).await {
-            Ok(()) => tracing::info!("bootstrapped a one-node cluster"),
-            Err(e) => tracing::warn!(error = %e, "bootstrap skipped"),
-        },
-        (Start::Join(addr), _) => {
-            let (addr, http, id) = (addr.clone(), http.clone(), ident.id);
-            let me = cfg.cluster_addr();
-            let cancel = tasks.clone();
-            handles.push(tokio::spawn(async move {
-                crate::admin::join_until_member(&http, &addr, &me, id, cancel).await;
-            }));
+impl Node {
+    /// Starts every task, joins or bootstraps as configured, and runs until a stop; then drains
+    /// (or says goodbye when removed), stops Raft and waits for the tasks.
+    pub async fn run(self) {
+        let Node { cfg, fresh, cluster, gate, api, events, mode, renewed, public, cluster_listener, .. } = self;
+        let (tasks, stop, t) = (self.tasks, self.stop, &cfg.timing);
+        let spawn = |name: &'static str, task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+            tasks.spawn(task.instrument(tracing::info_span!("task", name)));
+        };
+        let conns = TaskTracker::new();
+        spawn("cluster-listener", Box::pin(api::run(cluster_listener, api, conns.clone(), stop.clone())));
+        spawn("public-listener", Box::pin(ws::run(public, gate.clone(), conns.clone(), stop.clone())));
+        spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
+        let renewer = duties::Renewer {
+            cluster: cluster.clone(),
+            view: cluster.watch(),
+            lease_ms: t.lease_ms,
+            sessions: gate.registry.clone(),
+            mode: mode.subscribe(),
+            renewed: renewed.0,
+            incarnation: rand::random(),
+        };
+        spawn("renewer", Box::pin(renewer.run(stop.clone())));
+        spawn("leader-duties", Box::pin(duties::leader_loop(cluster.clone(), t.clone(), self.metrics, stop.clone())));
+        spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
+        let lease = Duration::from_millis(t.lease_ms);
+        let mode = Arc::new(mode);
+        spawn("fence", Box::pin(lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone())));
+        if let Some(join) = lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
+            spawn("join", join);
         }
-        (Start::Standby, true) => tracing::info!("standby: waiting to be added with `gateway join`"),
-        _ => {}
-    }
-    if !fresh && raft.is_initialized().await.map(|i| !i).unwrap_or(false) {
-        tracing::info!(
-            "this node is not part of a cluster yet: add it with `gateway join --node {}`",
-            cfg.cluster_addr()
+        let (cluster_src, device_src) = &self.secret_sources;
+        let m = cluster.member();
+        println!(
+            "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {cluster_src}, device secret {device_src})",
+            m.name,
+            cluster.me(),
+            m.public_url,
+            m.cluster_addr,
+            cfg.data_dir.display(),
         );
-    }
-    println!(
-        "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {}, device secret {})",
-        ident.name,
-        ident.id,
-        member.public_url,
-        member.cluster_addr,
-        cfg.data_dir.display(),
-        cluster_secret_src,
-        device_secret_src
-    );
 
-    let drain = tokio::select! {
-        _ = shutdown_signal() => true,
-        _ = drain_requested.cancelled() => true,
-        _ = stop.cancelled() => false,
-    };
-    if drain {
-        let cfg = lifecycle::DrainConfig {
+        let drain = tokio::select! {
+            _ = shutdown_signal() => true,
+            _ = self.drain_requested.cancelled() => true,
+            _ = stop.cancelled() => false,
+        };
+        let drain_cfg = lifecycle::DrainConfig {
             drain_rate: cfg.device.drain_rate,
             drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
         };
-        lifecycle::drain(ident.id, &gate, &mode_tx, &proposer, &cfg).await;
-        // openraft 0.9 has no leadership transfer, and followers refuse votes while the
-        // leader's lease (election_timeout_max) runs: if this node led, the others elect a
-        // new leader within about two election timeouts of its exit.
-    } else {
-        lifecycle::say_goodbye(&gate, Duration::from_secs(1)).await;
+        lifecycle::stop(&gate, &mode, drain.then_some(&drain_cfg)).await;
+        stop.cancel();
+        cluster.shutdown().await;
+        tasks.close();
+        conns.close();
+        if tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(tasks.wait(), conns.wait()) })
+            .await
+            .is_err()
+        {
+            tracing::warn!(tasks = tasks.len(), connections = conns.len(), "stopped with tasks still running");
+        }
+        tracing::info!("stopped");
     }
-    stop.cancel();
-    if let Err(e) = raft.shutdown().await {
-        tracing::warn!(error = %e, "raft shutdown");
-    }
-    for h in handles {
-        let _ = tokio::time::timeout(Duration::from_secs(2), h).await;
-    }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 async fn shutdown_signal() {

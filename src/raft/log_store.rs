@@ -8,10 +8,10 @@ use std::sync::Arc;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
 
+use super::blocking;
 use super::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use crate::metrics::Metrics;
 use crate::store::log::LogDb;
-use crate::store::StoreError;
 
 /// The Raft log store; its clones are the log readers.
 #[derive(Clone)]
@@ -26,18 +26,6 @@ impl LogStore {
     pub fn new(db: LogDb, committed: Arc<AtomicU64>, metrics: Arc<Metrics>) -> Self {
         LogStore { db, committed, metrics }
     }
-
-    async fn blocking<T, F>(&self, subject: ErrorSubject<u64>, verb: ErrorVerb, f: F) -> Result<T, StorageError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&LogDb) -> Result<T, StoreError> + Send + 'static,
-    {
-        let db = self.db.clone();
-        match tokio::task::spawn_blocking(move || f(&db)).await {
-            Ok(r) => r.map_err(|e| e.into_raft(subject, verb)),
-            Err(join) => Err(StoreError::Corrupt(format!("log store task failed: {join}")).into_raft(subject, verb)),
-        }
-    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -46,7 +34,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
         let range = (range.start_bound().cloned(), range.end_bound().cloned());
-        self.blocking(ErrorSubject::Logs, ErrorVerb::Read, move |db| db.entries(range)).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Logs, ErrorVerb::Read, move || db.entries(range)).await
     }
 }
 
@@ -54,8 +43,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let (last_purged_log_id, last_log_id) =
-            self.blocking(ErrorSubject::Logs, ErrorVerb::Read, |db| db.state()).await?;
+        let db = self.db.clone();
+        let (last_purged_log_id, last) = blocking(ErrorSubject::Logs, ErrorVerb::Read, move || {
+            Ok((db.last_purged::<LogId>()?, db.last::<Entry>()?))
+        })
+        .await?;
+        let last_log_id = last.map(|e| e.log_id).or(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
 
@@ -64,23 +57,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let vote = *vote;
-        self.blocking(ErrorSubject::Vote, ErrorVerb::Write, move |db| db.save_vote(&vote)).await
+        let (db, vote) = (self.db.clone(), *vote);
+        blocking(ErrorSubject::Vote, ErrorVerb::Write, move || db.save_vote(&vote)).await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.blocking(ErrorSubject::Vote, ErrorVerb::Read, |db| db.read_vote()).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Vote, ErrorVerb::Read, move || db.read_vote()).await
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, Ordering::Relaxed);
         }
-        self.blocking(ErrorSubject::Store, ErrorVerb::Write, move |db| db.save_committed(&committed)).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Store, ErrorVerb::Write, move || db.save_committed(&committed)).await
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        self.blocking(ErrorSubject::Store, ErrorVerb::Read, |db| db.read_committed()).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Store, ErrorVerb::Read, move || db.read_committed()).await
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
@@ -88,10 +84,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
+        let entries: Vec<(u64, Entry)> = entries.into_iter().map(|e| (e.log_id.index, e)).collect();
         self.metrics.log_fsyncs.inc();
         self.metrics.log_entries.inc_by(entries.len() as u64);
-        let res = self.blocking(ErrorSubject::Logs, ErrorVerb::Write, move |db| db.append(entries)).await;
+        let db = self.db.clone();
+        let res = blocking(ErrorSubject::Logs, ErrorVerb::Write, move || db.append(&entries)).await;
         match &res {
             Ok(()) => callback.log_io_completed(Ok(())),
             Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
@@ -100,10 +97,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move |db| db.truncate(log_id.index)).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move || db.truncate(log_id.index)).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move |db| db.purge(log_id)).await
+        let db = self.db.clone();
+        blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move || db.purge(log_id.index, &log_id)).await
     }
 }

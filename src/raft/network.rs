@@ -11,9 +11,10 @@ use openraft::raft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::types::{Member, NodeId, TypeConfig};
+use super::types::TypeConfig;
 use crate::codec::{decode, encode};
 use crate::http::{HttpClient, HttpError};
+use crate::machine::{Member, NodeId};
 
 /// Creates per-target clients sharing one connection pool.
 #[derive(Clone)]

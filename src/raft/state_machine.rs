@@ -1,62 +1,89 @@
-//! openraft's `RaftStateMachine` over [`StateDb`]; the only publisher of [`ClusterView`].
+//! openraft's `RaftStateMachine` over `state.redb`: turns each entry into the domain's
+//! [`Input`], runs [`machine::apply`] on the store's tables in one transaction per batch, keeps
+//! the applied meta (last log id, membership) beside it, and is the only publisher of
+//! [`ClusterView`] and of the apply [`Event`]s.
 
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
-use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
-use super::types::{Entry, LogId, Reply, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
-use crate::cluster::{ApplyEvent, ClusterView};
-use crate::codec::encode;
+use super::blocking;
+use super::types::{Entry, LogId, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::codec::{decode, encode};
+use crate::machine::{self, Event, Input, State};
 use crate::metrics::Metrics;
-use crate::store::state::{Meta, StateDb};
+use crate::store::state::{Loaded, StateDb};
 use crate::store::StoreError;
+use crate::view::ClusterView;
+
+/// What openraft needs back after a restart, stored with every apply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Applied {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+/// The machine's state as loaded, with the membership restored from the applied meta.
+fn restore(loaded: Loaded) -> Result<(State, Applied), StoreError> {
+    let applied: Applied = loaded.applied.as_deref().map(decode).transpose()?.unwrap_or_default();
+    let mut state = loaded.state;
+    set_members(&mut state, &applied.membership);
+    Ok((state, applied))
+}
+
+fn members_input(m: &StoredMembership) -> Input {
+    let mem = m.membership();
+    Input::Membership {
+        members: mem.nodes().map(|(id, n)| (*id, n.clone())).collect(),
+        voters: mem.voter_ids().collect(),
+    }
+}
+
+fn set_members(state: &mut State, m: &StoredMembership) {
+    if let Input::Membership { members, voters } = members_input(m) {
+        (state.members, state.voters) = (members, voters);
+    }
+}
 
 /// The replicated state machine.
 pub struct StateMachine {
     db: StateDb,
-    meta: Meta,
+    state: State,
+    applied: Applied,
     view: watch::Sender<Arc<ClusterView>>,
     snapshots_built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
-    events: broadcast::Sender<ApplyEvent>,
+    events: broadcast::Sender<Event>,
 }
 
 impl StateMachine {
-    /// Opens on `db` with its loaded `meta` and publishes the first view.
-    pub fn new(db: StateDb, meta: Meta, metrics: Arc<Metrics>) -> (StateMachine, watch::Receiver<Arc<ClusterView>>) {
-        let (view, rx) = watch::channel(Arc::new(ClusterView::new(meta.clone(), None)));
+    /// Opens on `db` with what it loaded and publishes the first view.
+    pub fn new(
+        db: StateDb,
+        loaded: Loaded,
+        metrics: Arc<Metrics>,
+    ) -> Result<(StateMachine, watch::Receiver<Arc<ClusterView>>), StoreError> {
+        let (state, applied) = restore(loaded)?;
+        let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
         let (events, _) = broadcast::channel(4096);
-        (StateMachine { db, meta, view, snapshots_built: Arc::default(), metrics, events }, rx)
+        Ok((StateMachine { db, state, applied, view, snapshots_built: Arc::default(), metrics, events }, rx))
     }
 
-    /// Subscribes to what applies did (kicks and sweeps); a lagging subscriber must reconcile.
-    pub fn events(&self) -> broadcast::Receiver<ApplyEvent> {
+    /// Subscribes to what applies did (kicks, sweeps, deliveries); a lagging subscriber must
+    /// reconcile.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
     }
 
-    /// A read handle for point lookups (routes) outside the Raft core.
-    pub fn db(&self) -> StateDb {
-        self.db.clone()
-    }
-
-    fn publish(&mut self, meta: Meta) {
-        self.meta = meta.clone();
-        self.view.send_modify(|v| *v = Arc::new(ClusterView::new(meta, Some(v))));
-    }
-}
-
-async fn blocking<T, F>(subject: ErrorSubject<u64>, verb: ErrorVerb, f: F) -> Result<T, StorageError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
-{
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(|e| e.into_raft(subject, verb)),
-        Err(join) => Err(StoreError::Corrupt(format!("state task failed: {join}")).into_raft(subject, verb)),
+    fn publish(&mut self, state: State, applied: Applied) {
+        self.state = state.clone();
+        self.applied = applied;
+        self.view.send_modify(|v| *v = Arc::new(ClusterView::new(state, Some(v))));
     }
 }
 
@@ -64,7 +91,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        Ok((self.meta.last_applied, self.meta.membership.clone()))
+        Ok((self.applied.last_applied, self.applied.membership.clone()))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
@@ -76,23 +103,32 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
-        let (db, meta) = (self.db.clone(), self.meta.clone());
-        let (responses, meta, deliveries) = blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || {
-            let mut deliveries = Vec::new();
-            let (responses, meta) = db.apply_with(&meta, entries, &mut deliveries)?;
-            Ok((responses, meta, deliveries))
+        let (db, mut state, mut applied) = (self.db.clone(), self.state.clone(), self.applied.clone());
+        let (responses, state, applied, events) = blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || {
+            db.apply(|tx| {
+                let before = state.clone();
+                let mut events = Vec::new();
+                let mut responses = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    let input = match entry.payload {
+                        EntryPayload::Blank => Input::Blank,
+                        EntryPayload::Membership(m) => {
+                            applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                            members_input(&applied.membership)
+                        }
+                        EntryPayload::Normal(req) => Input::Commands(req.cmds),
+                    };
+                    let replies = machine::apply(&mut state, tx, entry.log_id.index, input, &mut events)?;
+                    applied.last_applied = Some(entry.log_id);
+                    responses.push(Response { replies });
+                }
+                tx.save(&before, &state, &encode(&applied)?)?;
+                Ok((responses, state, applied, events))
+            })
         })
         .await?;
-        self.publish(meta);
-        for d in deliveries {
-            let _ = self.events.send(ApplyEvent::Published(d));
-        }
-        for reply in responses.iter().flat_map(|r| &r.replies) {
-            let ev = match reply {
-                Reply::Accepted { superseded: Some(s), .. } => ApplyEvent::Superseded { node: s.node, conn: s.conn },
-                Reply::Swept { expired, .. } if !expired.is_empty() => ApplyEvent::Swept { nodes: expired.clone() },
-                _ => continue,
-            };
+        self.publish(state, applied);
+        for ev in events {
             // No subscriber (tests, or before the device listener starts) is fine.
             let _ = self.events.send(ev);
         }
@@ -114,19 +150,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let (db, smeta, data) = (self.db.clone(), meta.clone(), snapshot.into_inner());
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-        let meta = blocking(subject, ErrorVerb::Write, move || db.install(&smeta, &data)).await?;
+        let (state, applied) = blocking(subject, ErrorVerb::Write, move || {
+            let applied = Applied { last_applied: smeta.last_log_id, membership: smeta.last_membership.clone() };
+            let stored = encode(&(&smeta, &data))?;
+            restore(db.install(&data, &encode(&applied)?, order(&smeta), &stored)?)
+        })
+        .await?;
         self.metrics.snapshots_installed.inc();
-        let _ = self.events.send(ApplyEvent::Installed);
-        tracing::info!(last_log_id = ?meta.last_applied, "installed a snapshot from the leader");
-        self.publish(meta);
+        let _ = self.events.send(Event::Installed);
+        tracing::info!(last_log_id = ?applied.last_applied, "installed a snapshot from the leader");
+        self.publish(state, applied);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         let db = self.db.clone();
-        let current = blocking(ErrorSubject::Snapshot(None), ErrorVerb::Read, move || db.load_snapshot()).await?;
+        let current = blocking(ErrorSubject::Snapshot(None), ErrorVerb::Read, move || {
+            db.load_snapshot()?.map(|b| decode::<(SnapshotMeta, Vec<u8>)>(&b)).transpose().map_err(StoreError::from)
+        })
+        .await?;
         Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
     }
+}
+
+/// Snapshots are ordered by the index they were taken at (committed log ids with one index are
+/// equal); none sorts first.
+fn order(meta: &SnapshotMeta) -> u64 {
+    meta.last_log_id.map_or(0, |l| l.index + 1)
 }
 
 /// Builds a snapshot from one read transaction while applies continue.
@@ -141,15 +191,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let db = self.db.clone();
         let n = self.built.fetch_add(1, Ordering::Relaxed) + 1;
         let (meta, data) = blocking(ErrorSubject::Snapshot(None), ErrorVerb::Read, move || {
-            let (meta, body) = db.dump()?;
-            let data = encode(&body)?;
-            let snapshot_id = match meta.last_applied {
+            let dump = db.dump()?;
+            let applied: Applied = dump.applied.as_deref().map(decode).transpose()?.unwrap_or_default();
+            let snapshot_id = match applied.last_applied {
                 Some(l) => format!("{}-{}-{n}", l.leader_id, l.index),
                 None => format!("none-{n}"),
             };
-            let smeta = SnapshotMeta { last_log_id: meta.last_applied, last_membership: meta.membership, snapshot_id };
-            db.save_snapshot(&smeta, &data)?;
-            Ok((smeta, data))
+            let smeta =
+                SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.membership, snapshot_id };
+            db.save_snapshot(order(&smeta), &encode(&(&smeta, &dump.data))?)?;
+            Ok((smeta, dump.data))
         })
         .await?;
         self.metrics.snapshots_built.inc();

@@ -14,8 +14,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = LogDb::open(dir.path()).expect("open log");
-        let (state, meta) = StateDb::open(dir.path()).expect("open state");
-        let (sm, _view) = StateMachine::new(state, meta, Default::default());
+        let (state, loaded) = StateDb::open(dir.path()).expect("open state");
+        let (sm, _view) = StateMachine::new(state, loaded, Default::default()).expect("restore state");
         Ok((dir, LogStore::new(log, Default::default(), Default::default()), sm))
     }
 }

@@ -1,6 +1,7 @@
 //! `log.redb`: the Raft log (index → entry) and its meta (vote, last purged, committed). Every
 //! append and vote is fsynced (`Durability::Immediate`) before it is acknowledged; a purge deletes
-//! entries and records `last_purged` in one transaction.
+//! entries and records `last_purged` in one transaction. Generic over the values it stores (the
+//! Raft adapter's entry, log id and vote types): this module knows redb, not openraft.
 
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
@@ -8,9 +9,11 @@ use std::sync::Arc;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::raft::types::{Entry, LogId, Vote};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("log_meta");
@@ -35,14 +38,14 @@ impl LogDb {
         Ok(LogDb { db: Arc::new(db) })
     }
 
-    fn get_meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
+    fn get_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StoreError> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(META)?;
         let v = t.get(key)?;
         Ok(v.map(|v| decode(v.value())).transpose()?)
     }
 
-    fn put_meta<T: serde::Serialize>(&self, key: &str, value: &T, durability: Durability) -> Result<(), StoreError> {
+    fn put_meta<T: Serialize>(&self, key: &str, value: &T, durability: Durability) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(durability)?;
         txn.open_table(META)?.insert(key, encode(value)?.as_slice())?;
@@ -50,19 +53,20 @@ impl LogDb {
         Ok(())
     }
 
-    /// (last purged log id, last log id).
-    pub fn state(&self) -> Result<(Option<LogId>, Option<LogId>), StoreError> {
-        let purged: Option<LogId> = self.get_meta::<Option<LogId>>(LAST_PURGED)?.flatten();
-        let txn = self.db.begin_read()?;
-        let t = txn.open_table(LOG)?;
-        let last = match t.last()? {
-            Some((_, v)) => Some(decode::<Entry>(v.value())?.log_id),
-            None => purged,
-        };
-        Ok((purged, last))
+    /// The last purged log id (see [`LogDb::purge`]).
+    pub fn last_purged<L: DeserializeOwned>(&self) -> Result<Option<L>, StoreError> {
+        Ok(self.get_meta::<Option<L>>(LAST_PURGED)?.flatten())
     }
 
-    pub fn entries(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, StoreError> {
+    /// The entry with the highest index.
+    pub fn last<E: DeserializeOwned>(&self) -> Result<Option<E>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(LOG)?;
+        let last = t.last()?;
+        Ok(last.map(|(_, v)| decode(v.value())).transpose()?)
+    }
+
+    pub fn entries<E: DeserializeOwned>(&self, range: impl RangeBounds<u64>) -> Result<Vec<E>, StoreError> {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s + 1,
@@ -86,14 +90,14 @@ impl LogDb {
         iter.map(|row| Ok(decode(row?.1.value())?)).collect()
     }
 
-    /// Appends entries durably (one fsync for the whole call).
-    pub fn append(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
+    /// Appends `(index, entry)` pairs durably (one fsync for the whole call).
+    pub fn append<E: Serialize>(&self, entries: &[(u64, E)]) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
             let mut t = txn.open_table(LOG)?;
-            for e in &entries {
-                t.insert(e.log_id.index, encode(e)?.as_slice())?;
+            for (index, e) in entries {
+                t.insert(*index, encode(e)?.as_slice())?;
             }
         }
         txn.commit()?;
@@ -109,30 +113,30 @@ impl LogDb {
         Ok(())
     }
 
-    /// Deletes entries up to and including `upto` and records it as last purged, atomically.
-    pub fn purge(&self, upto: LogId) -> Result<(), StoreError> {
+    /// Deletes entries up to and including `upto` and records `log_id` as last purged, atomically.
+    pub fn purge<L: Serialize>(&self, upto: u64, log_id: &L) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
-        txn.open_table(LOG)?.retain_in(..=upto.index, |_, _| false)?;
-        txn.open_table(META)?.insert(LAST_PURGED, encode(&Some(upto))?.as_slice())?;
+        txn.open_table(LOG)?.retain_in(..=upto, |_, _| false)?;
+        txn.open_table(META)?.insert(LAST_PURGED, encode(&Some(log_id))?.as_slice())?;
         txn.commit()?;
         Ok(())
     }
 
-    pub fn save_vote(&self, vote: &Vote) -> Result<(), StoreError> {
+    pub fn save_vote<V: Serialize>(&self, vote: &V) -> Result<(), StoreError> {
         self.put_meta(VOTE, vote, Durability::Immediate)
     }
 
-    pub fn read_vote(&self) -> Result<Option<Vote>, StoreError> {
+    pub fn read_vote<V: DeserializeOwned>(&self) -> Result<Option<V>, StoreError> {
         self.get_meta(VOTE)
     }
 
-    /// The committed index is a hint for replay at start-up: it rides along with the next fsync.
-    pub fn save_committed(&self, committed: &Option<LogId>) -> Result<(), StoreError> {
+    /// The committed log id is a hint for replay at start-up: it rides along with the next fsync.
+    pub fn save_committed<L: Serialize>(&self, committed: &Option<L>) -> Result<(), StoreError> {
         self.put_meta(COMMITTED, committed, Durability::None)
     }
 
-    pub fn read_committed(&self) -> Result<Option<LogId>, StoreError> {
-        Ok(self.get_meta::<Option<LogId>>(COMMITTED)?.flatten())
+    pub fn read_committed<L: DeserializeOwned>(&self) -> Result<Option<L>, StoreError> {
+        Ok(self.get_meta::<Option<L>>(COMMITTED)?.flatten())
     }
 }

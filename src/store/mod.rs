@@ -1,10 +1,11 @@
-//! redb files and their layout: `log.redb` (Raft log + vote) and `state.redb` (the applied state
-//! machine). Two files because redb allows one writer per database. Callers run every function
-//! here on the blocking pool.
+//! The redb schema and nothing else: `log.redb` (Raft log + vote) and `state.redb` (the applied
+//! state machine's tables, listed once in [`schema`]). Two files because redb allows one writer
+//! per database. Knows the domain's value types, not openraft; callers run every function here on
+//! the blocking pool.
 
 pub mod log;
+mod schema;
 pub mod state;
-pub mod streams;
 
 use crate::codec::CodecError;
 
@@ -37,18 +38,5 @@ from_redb!(
     redb::SetDurabilityError
 );
 
-impl StoreError {
-    /// Wraps the error the way openraft expects from a storage call.
-    pub fn into_raft(
-        self,
-        subject: openraft::ErrorSubject<u64>,
-        verb: openraft::ErrorVerb,
-    ) -> openraft::StorageError<u64> {
-        openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&self)).into()
-    }
-}
-
 #[cfg(test)]
-mod state_tests;
-#[cfg(test)]
-mod streams_tests;
+mod tests;

@@ -1,9 +1,8 @@
-//! The device side of a node: admission, device-token authentication, placement, the handshake,
-//! the session loop and the session registry. Sees the cluster only through [`ClusterWatch`], the
-//! proposer and a [`RouteLookup`] — never redb.
+//! The device side of a node: admission, placement, the handshake, the session loop and the
+//! session registry. Sees the cluster only through the typed [`Handle`] and its applied view —
+//! never a raw command, the proposer, openraft or redb.
 
 pub mod admission;
-pub mod auth;
 pub mod handshake;
 pub mod placement;
 pub mod registry;
@@ -13,21 +12,19 @@ pub mod stream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cluster::{ApplyEvent, ClusterWatch};
+use crate::answer::{Refusal, Resp};
+use crate::cluster::Handle;
+use crate::machine::Event;
 use crate::metrics::Metrics;
-use crate::proposer::Proposer;
 use crate::protocol::close;
-use crate::raft::types::{Floor, NodeId, Route};
-use crate::store::streams::StreamRead;
+use crate::token::Verifier;
 
 /// Whether this node takes devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,76 +36,71 @@ pub enum Mode {
     Fenced,
 }
 
-/// Point lookups of the applied state (implemented over the store by the composition root).
-pub trait RouteLookup: Send + Sync + 'static {
-    fn lookup(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), String>;
-    /// The device's stream bounds and up to `limit` retained messages after `after`.
-    fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, String>;
-}
-
 /// Everything the device listener needs.
 pub struct Gate {
-    pub me: NodeId,
-    pub name: String,
+    pub cluster: Handle,
     pub admission: admission::Admission,
-    pub verifier: auth::Verifier,
-    pub view: ClusterWatch,
+    pub verifier: Verifier,
     pub mode: watch::Receiver<Mode>,
-    pub proposer: Proposer,
-    pub routes: Arc<dyn RouteLookup>,
     pub registry: registry::Registry,
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub session: session::SessionConfig,
     pub metrics: Arc<Metrics>,
-    /// Sessions are tracked here (hyper stops tracking upgraded connections).
-    pub tracker: TaskTracker,
+    /// Sessions and the work they leave behind are tracked here (hyper stops tracking upgraded
+    /// connections).
+    pub tasks: TaskTracker,
 }
 
-fn not_found(path: &str) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({"error": "not_found", "message": format!("no route for {path}")});
-    Response::builder()
-        .status(StatusCode::NOT_FOUND)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("static response parts")
-}
+impl Gate {
+    /// Answers a refusal, counted by reason.
+    pub(crate) fn refuse(&self, refusal: Refusal) -> Resp {
+        self.metrics.handshakes.get_or_create(&crate::metrics::ResultLabel { result: refusal.reason }).inc();
+        refusal.response()
+    }
 
-async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/ws") => handshake::handshake(g, req).await,
-        (&Method::GET, "/v1/placement") => handshake::placement(g, req).await,
-        (&Method::GET, "/healthz") => Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}"))),
-        (_, path) => not_found(path),
+    /// Closes `conn` with `code` if it is one of ours.
+    pub fn kick(&self, conn: u64, code: u16, reason: &str) -> bool {
+        self.registry.send(conn, registry::Control::Close { code, reason: reason.to_string() })
     }
 }
 
-/// Serves the public listener until `shutdown` fires.
-pub async fn run(listener: TcpListener, gate: Arc<Gate>, shutdown: CancellationToken) {
+async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/ws") => handshake::handshake(g, req).await,
+        (&Method::GET, "/v1/placement") => handshake::placement(g, req).await,
+        (&Method::GET, "/healthz") => crate::answer::json(StatusCode::OK, &serde_json::json!({"ok": true})),
+        _ => Refusal::new(StatusCode::NOT_FOUND, "not_found").message("no such path").response(),
+    }
+}
+
+/// Serves the public listener until `shutdown` fires; connections are tracked on `conns`.
+pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shutdown: CancellationToken) {
     let timeout = gate.header_read_timeout;
     let handler = move |req| route(gate.clone(), req);
-    crate::server::serve("public", listener, timeout, shutdown, handler).await
+    crate::server::serve("public", listener, timeout, conns, shutdown, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer
 /// claim took the device over, 4002 when a sweep removed this node's routes.
-pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<ApplyEvent>, shutdown: CancellationToken) {
+pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
+    let me = gate.cluster.me();
     loop {
         let ev = tokio::select! {
             _ = shutdown.cancelled() => return,
             ev = events.recv() => ev,
         };
         match ev {
-            Ok(ApplyEvent::Superseded { node, conn }) if node == gate.me => {
-                handshake::kick(&gate, conn, close::SUPERSEDED, "superseded by a newer claim");
+            Ok(Event::Superseded { node, conn }) if node == me => {
+                gate.kick(conn, close::SUPERSEDED, "superseded by a newer claim");
             }
-            Ok(ApplyEvent::Swept { nodes }) if nodes.contains(&gate.me) => {
+            Ok(Event::Swept { nodes }) if nodes.contains(&me) => {
                 for s in gate.registry.sessions() {
-                    handshake::kick(&gate, s.conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
+                    gate.kick(s.conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
                 }
             }
-            Ok(ApplyEvent::Installed) => reconcile(&gate).await,
-            Ok(ApplyEvent::Published(d)) if d.node == gate.me => {
+            Ok(Event::Installed) => reconcile(&gate).await,
+            Ok(Event::Published(d)) if d.node == me => {
                 gate.registry.send(d.conn, registry::Control::Deliver { seq: d.seq, payload: d.payload });
             }
             Ok(_) => {}
@@ -125,20 +117,17 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<App
 /// to the applied state. Sessions whose claim is still pending, or that this node has not applied
 /// yet (the local route is older than the session's), are left alone.
 pub async fn reconcile(gate: &Arc<Gate>) {
+    let me = gate.cluster.me();
     for s in gate.registry.sessions() {
         let Some(version) = s.version else { continue };
-        let lookup = gate.routes.clone();
-        let d = s.device.clone();
-        let Ok(Ok((route, floor))) = tokio::task::spawn_blocking(move || lookup.lookup(&d)).await else {
-            continue;
-        };
+        let Ok((route, floor)) = gate.cluster.route(&s.device).await else { continue };
         match route {
-            Some(r) if r.node == gate.me && r.conn == s.conn => {}
+            Some(r) if r.node == me && r.conn == s.conn => {}
             Some(r) if r.version > version => {
-                handshake::kick(gate, s.conn, close::SUPERSEDED, "superseded by a newer claim");
+                gate.kick(s.conn, close::SUPERSEDED, "superseded by a newer claim");
             }
             None if floor.is_some_and(|f| f.max_version >= version) => {
-                handshake::kick(gate, s.conn, close::ROUTE_LOST, "route lost");
+                gate.kick(s.conn, close::ROUTE_LOST, "route lost");
             }
             _ => {} // this node has not applied the session's own claim yet
         }

@@ -3,8 +3,8 @@
 //! whose connection count exceeds 1.3 × the live mean. Never a node whose lease has lapsed, and
 //! never the `fallback` node the device reported unreachable. Pure over its inputs.
 
-use crate::cluster::ClusterView;
-use crate::raft::types::{Floor, LeaseState, NodeId, Route};
+use crate::machine::{Floor, LeaseState, NodeId, Route};
+use crate::view::ClusterView;
 
 /// Load overlay factor: a node above this multiple of the mean is skipped by the ring step.
 pub const OVERLOAD: f64 = 1.3;
@@ -56,9 +56,8 @@ pub fn place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::types::{Member, NodeLease};
-    use crate::store::state::Meta;
-    use std::collections::{BTreeMap, BTreeSet};
+    use crate::machine::{Member, NodeLease, State};
+    use std::collections::BTreeMap;
 
     fn view(leases: &[(NodeId, LeaseState, u64, u64)]) -> ClusterView {
         let nodes: BTreeMap<NodeId, Member> = leases
@@ -67,16 +66,14 @@ mod tests {
                 (*id, Member { name: format!("n{id}"), cluster_addr: format!("a{id}"), public_url: String::new() })
             })
             .collect();
-        let voters: BTreeSet<NodeId> = nodes.keys().copied().collect();
-        let membership = openraft::Membership::new(vec![voters], nodes);
-        let mut meta = Meta { membership: openraft::StoredMembership::new(None, membership), ..Default::default() };
+        let mut s = State { voters: nodes.keys().copied().collect(), members: nodes, ..Default::default() };
         for (id, state, until, conns) in leases {
-            meta.nodes.insert(
+            s.nodes.insert(
                 *id,
                 NodeLease { lease_until_ms: *until, state: *state, connections: *conns, routes: 0, incarnation: 0 },
             );
         }
-        ClusterView::new(meta, None)
+        ClusterView::new(s, None)
     }
 
     const NOW: u64 = 1_000;

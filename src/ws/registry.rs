@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 /// What a session is told to do from outside.
@@ -42,9 +42,17 @@ pub struct Session {
 }
 
 /// Live sessions by connection id.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Registry {
     inner: Arc<Mutex<HashMap<u64, Entry>>>,
+    /// The number of sessions, for [`Registry::wait_empty`].
+    count: Arc<watch::Sender<usize>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry { inner: Arc::default(), count: Arc::new(watch::channel(0).0) }
+    }
 }
 
 /// Removes its session from the registry when dropped.
@@ -56,7 +64,9 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.lock().remove(&self.conn);
+        let mut sessions = self.registry.lock();
+        sessions.remove(&self.conn);
+        self.registry.count.send_replace(sessions.len());
     }
 }
 
@@ -75,7 +85,10 @@ impl Registry {
         let (tx, rx) = mpsc::channel(capacity.max(4));
         let overflow = CancellationToken::new();
         let entry = Entry { device: device.to_string(), tx: tx.clone(), version: None, overflow: overflow.clone() };
-        self.lock().insert(conn, entry);
+        let mut sessions = self.lock();
+        sessions.insert(conn, entry);
+        self.count.send_replace(sessions.len());
+        drop(sessions);
         (Registration { registry: self.clone(), conn }, tx, rx, overflow)
     }
 
@@ -113,14 +126,21 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Resolves once no session is registered (sessions end by dropping their registration).
+    pub async fn wait_empty(&self) {
+        let mut count = self.count.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn registration_lives_until_dropped() {
+    #[tokio::test]
+    async fn registration_lives_until_dropped() {
         let r = Registry::default();
         let (reg, _tx, mut rx, _overflow) = r.register(7, "d1", 4);
         assert_eq!(r.sessions(), vec![Session { conn: 7, device: "d1".to_string(), version: None }]);
@@ -129,7 +149,12 @@ mod tests {
         assert!(r.send(7, Control::Close { code: 4001, reason: "superseded".into() }));
         assert_eq!(rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
         assert!(!r.send(8, Control::Goaway { reason: "drain".into() }));
+        let waiting = r.clone();
+        let empty = tokio::spawn(async move { waiting.wait_empty().await });
+        tokio::task::yield_now().await;
+        assert!(!empty.is_finished(), "wait_empty resolved while a session was registered");
         drop(reg);
+        tokio::time::timeout(std::time::Duration::from_secs(5), empty).await.unwrap().unwrap();
         assert!(r.is_empty());
         assert!(!r.send(7, Control::Goaway { reason: "drain".into() }));
     }

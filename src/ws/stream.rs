@@ -1,12 +1,14 @@
 //! A session's view of its device's message stream (V5): which sequence numbers this connection
 //! has sent, so that `sync` and live pushes together deliver every retained message once, in
 //! order, with no gap or duplicate at the seam. The connection has sent exactly `(lo, delivered]`;
-//! both start at the stream head announced in `hello`.
+//! both start at the stream head announced in `hello`. Payloads were validated as JSON when they
+//! were published: frames splice them in as they are.
 
 use std::sync::Arc;
 
-use super::RouteLookup;
-use crate::store::streams::StreamRead;
+use crate::cluster::Handle;
+use crate::machine::StreamRead;
+use crate::protocol::{msg_json, ServerFrame};
 
 /// Most messages read from the store at once.
 const READ_BATCH: usize = 1024;
@@ -16,7 +18,7 @@ pub type Acker = Arc<dyn Fn(String, u64) + Send + Sync>;
 
 pub struct StreamCursor {
     device: String,
-    lookup: Arc<dyn RouteLookup>,
+    cluster: Handle,
     acker: Acker,
     lo: u64,
     delivered: u64,
@@ -24,25 +26,18 @@ pub struct StreamCursor {
     pending_ack: u64,
 }
 
-fn msg_frame(seq: u64, payload: &str) -> String {
-    // The payload was validated as JSON when it was published.
-    format!(r#"{{"t":"msg","seq":{seq},"payload":{payload}}}"#)
-}
-
 impl StreamCursor {
-    pub fn new(device: String, lookup: Arc<dyn RouteLookup>, acker: Acker, head: u64) -> StreamCursor {
-        StreamCursor { device, lookup, acker, lo: head, delivered: head, acked: 0, pending_ack: 0 }
+    pub fn new(device: String, cluster: Handle, acker: Acker, head: u64) -> StreamCursor {
+        StreamCursor { device, cluster, acker, lo: head, delivered: head, acked: 0, pending_ack: 0 }
     }
 
     async fn read(&self, after: u64) -> Option<StreamRead> {
-        let (lookup, device) = (self.lookup.clone(), self.device.clone());
-        match tokio::task::spawn_blocking(move || lookup.stream(&device, after, READ_BATCH)).await {
-            Ok(Ok(r)) => Some(r),
-            Ok(Err(e)) => {
+        match self.cluster.stream(&self.device, after, READ_BATCH).await {
+            Ok(r) => Some(r),
+            Err(e) => {
                 tracing::warn!(device = %self.device, error = %e, "reading the stream failed");
                 None
             }
-            Err(_) => None,
         }
     }
 
@@ -53,13 +48,13 @@ impl StreamCursor {
         }
         if seq == self.delivered + 1 {
             self.delivered = seq;
-            return vec![msg_frame(seq, payload)];
+            return vec![msg_json(seq, payload)];
         }
         // A gap (a lagging event subscriber): fill it from the store.
         let mut out = self.fill(self.delivered).await;
         if seq > self.delivered {
             self.delivered = seq;
-            out.push(msg_frame(seq, payload));
+            out.push(msg_json(seq, payload));
         }
         out
     }
@@ -73,7 +68,7 @@ impl StreamCursor {
         loop {
             let Some(read) = self.read(cursor).await else { break };
             if first && read.head.oldest > after.saturating_add(1) && read.head.head > after {
-                out.push(format!(r#"{{"t":"sync_gap","oldest":{}}}"#, read.head.oldest));
+                out.push(ServerFrame::SyncGap { oldest: read.head.oldest }.to_json());
             }
             first = false;
             if read.messages.is_empty() {
@@ -81,7 +76,7 @@ impl StreamCursor {
             }
             for (seq, m) in &read.messages {
                 if *seq <= self.lo || *seq > self.delivered {
-                    out.push(msg_frame(*seq, &m.payload));
+                    out.push(msg_json(*seq, &m.payload));
                 }
                 cursor = *seq;
             }
@@ -100,7 +95,7 @@ impl StreamCursor {
             for (seq, m) in read.messages {
                 if seq > self.delivered {
                     self.delivered = seq;
-                    out.push(msg_frame(seq, &m.payload));
+                    out.push(msg_json(seq, &m.payload));
                 }
             }
         }

@@ -1,5 +1,7 @@
-//! The status report (`GET /cluster/status`, `gateway status [--json]`, `gateway watch`): one JSON
-//! shape scripts rely on (add fields freely, rename none) and its human rendering.
+//! The JSON bodies of the cluster listener's admin API, shared by the server (`api`) and the admin
+//! client (`tools::admin`): join/promote/leave/identity, the membership summary, and the status
+//! report (`GET /cluster/status`, `gateway status [--json]`, `gateway watch`) — one shape scripts
+//! rely on (add fields freely, rename none) — with its human rendering.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -7,6 +9,38 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Timing;
+use crate::machine::{Member, NodeId};
+
+/// Who a node is: `gateway join` asks the new node before asking the cluster to add it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IdentityReply {
+    pub id: NodeId,
+    pub member: Member,
+    pub cluster_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub id: NodeId,
+    pub member: Member,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PromoteRequest {
+    pub id: NodeId,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LeaveRequest {
+    pub node: String,
+}
+
+/// The membership as the answer of every change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MembershipSummary {
+    pub voters: Vec<(NodeId, String)>,
+    pub learners: Vec<(NodeId, String)>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRef {

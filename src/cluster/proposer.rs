@@ -5,16 +5,20 @@
 //! leader's `/cluster/propose`, where the leader's proposer batches it again and stamps time.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
+use crate::clock::now_ms;
 use crate::codec::{decode, encode};
 use crate::http::HttpClient;
+use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
-use crate::raft::types::{Command, Raft, Reply, Request};
+use crate::raft::types::{Raft, Request};
 
 /// Most commands folded into one log entry.
 pub const MAX_BATCH: usize = 1024;
@@ -53,22 +57,19 @@ pub struct Proposer {
     timeout: Duration,
 }
 
-/// Milliseconds since the Unix epoch on this node's wall clock (only the leader's ends up in the log).
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 impl Proposer {
-    /// Starts the batching loop; it ends when `cancel` fires.
+    /// Starts the batching loop on `tasks`; it ends when `cancel` fires.
     pub fn spawn(
         raft: Raft,
         http: HttpClient,
         timeout: Duration,
         metrics: Arc<Metrics>,
+        tasks: TaskTracker,
         cancel: CancellationToken,
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
-        tokio::spawn(run(raft, http, rx, timeout, metrics, cancel));
+        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, tasks: tasks.clone() };
+        tasks.spawn(run(ctx, rx, cancel).instrument(tracing::info_span!("proposer")));
         Proposer { tx, timeout }
     }
 
@@ -137,15 +138,17 @@ impl Proposer {
     }
 }
 
-async fn run(
+/// What the batching loop and its batches share.
+#[derive(Clone)]
+struct Ctx {
     raft: Raft,
-    http: HttpClient,
-    mut rx: mpsc::Receiver<Pending>,
+    http: Arc<HttpClient>,
     timeout: Duration,
     metrics: Arc<Metrics>,
-    cancel: CancellationToken,
-) {
-    let http = Arc::new(http);
+    tasks: TaskTracker,
+}
+
+async fn run(ctx: Ctx, mut rx: mpsc::Receiver<Pending>, cancel: CancellationToken) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     loop {
         // Wait for a free slot first: whatever queues meanwhile joins the next batch.
@@ -164,16 +167,19 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let (raft, http, metrics) = (raft.clone(), http.clone(), metrics.clone());
-        tokio::spawn(async move {
-            write_batch(&raft, &http, batch, timeout, &metrics).await;
-            drop(permit);
-        });
+        let ctx2 = ctx.clone();
+        ctx.tasks.spawn(
+            async move {
+                write_batch(&ctx2, batch).await;
+                drop(permit);
+            }
+            .in_current_span(),
+        );
     }
 }
 
 /// Proposes one batch as one log entry and hands each caller its reply.
-async fn write_batch(raft: &Raft, http: &Arc<HttpClient>, batch: Vec<Pending>, timeout: Duration, metrics: &Metrics) {
+async fn write_batch(ctx: &Ctx, batch: Vec<Pending>) {
     let now = now_ms();
     let cmds: Vec<Command> = batch
         .iter()
@@ -183,11 +189,12 @@ async fn write_batch(raft: &Raft, http: &Arc<HttpClient>, batch: Vec<Pending>, t
             c
         })
         .collect();
-    let write = tokio::time::timeout(timeout, raft.client_write(Request { cmds }));
+    let timeout = ctx.timeout;
+    let write = tokio::time::timeout(timeout, ctx.raft.client_write(Request { cmds }));
     match write.await {
         Ok(Ok(resp)) => {
-            metrics.proposed_batches.inc();
-            metrics.proposed_commands.inc_by(batch.len() as u64);
+            ctx.metrics.proposed_batches.inc();
+            ctx.metrics.proposed_commands.inc_by(batch.len() as u64);
             for (p, r) in batch.into_iter().zip(resp.data.replies) {
                 let _ = p.reply.send(Ok(r));
             }
@@ -200,7 +207,8 @@ async fn write_batch(raft: &Raft, http: &Arc<HttpClient>, batch: Vec<Pending>, t
             match f.leader_node {
                 // Detached: a forward to a frozen leader must not hold an in-flight slot.
                 Some(leader) if !remote.is_empty() => {
-                    tokio::spawn(forward(http.clone(), leader.cluster_addr, remote, timeout));
+                    let forwarding = forward(ctx.http.clone(), leader.cluster_addr, remote, timeout);
+                    ctx.tasks.spawn(forwarding.in_current_span());
                 }
                 _ => {
                     for p in remote {

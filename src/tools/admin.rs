@@ -7,11 +7,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::admin_types::{IdentityReply, JoinRequest, LeaveRequest, PromoteRequest};
 use crate::http::{HttpClient, HttpError};
-use crate::node::membership::MembershipSummary;
-use crate::raft::types::NodeId;
-use crate::status::StatusReport;
+use crate::machine::NodeId;
+use crate::wire::{IdentityReply, JoinRequest, LeaveRequest, MembershipSummary, PromoteRequest, StatusReport};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 

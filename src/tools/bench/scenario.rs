@@ -14,10 +14,10 @@ use super::report::{NodeMemory, Report, StormReport};
 use super::stats::{self, Kind};
 use super::sys;
 use super::{device_config, events, BenchArgs, BenchError, CommonArgs, Recorder, Scenario};
-use crate::admin::Admin;
 use crate::client::device::{Device, MemoryStore};
 use crate::http::HttpClient;
-use crate::node::identity;
+use crate::secrets;
+use crate::tools::admin::Admin;
 
 const WINDOW_US: u64 = 250_000;
 const CALL: Duration = Duration::from_secs(5);
@@ -120,12 +120,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     if c.devices == 0 {
         return Err(BenchError::Usage("--devices must be at least 1".into()));
     }
-    let cfg_err = |e: crate::node::NodeError| BenchError::Config(e.to_string());
+    let cfg_err = |e: crate::secrets::SecretError| BenchError::Config(e.to_string());
     let device_secret =
-        identity::cli_device_secret(c.device_secret_file.as_deref(), &c.secret.data_dir).map_err(cfg_err)?;
+        secrets::cli_device_secret(c.device_secret_file.as_deref(), &c.secret.data_dir).map_err(cfg_err)?;
     let admin = match &c.cluster {
         Some(cluster) => {
-            let s = identity::cli_cluster_secret(c.secret.cluster_secret_file.as_deref(), &c.secret.data_dir)
+            let s = secrets::cli_cluster_secret(c.secret.cluster_secret_file.as_deref(), &c.secret.data_dir)
                 .map_err(cfg_err)?;
             Some((Admin::new(HttpClient::new(&s)), HttpClient::new(&s), cluster.clone()))
         }
@@ -163,12 +163,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         }
     }
     let sources: Vec<IpAddr> = sys::sources(c.sources, &c.nodes);
-    let exp = crate::proposer::now_ms() / 1000 + 86_400;
+    let exp = crate::clock::now_ms() / 1000 + 86_400;
     let mut tokens = Vec::with_capacity(c.devices as usize);
     for i in 0..c.devices {
         let id = format!("{}-{}", c.prefix, c.first + i);
         tokens.push(
-            crate::ws::auth::mint(&device_secret, &id, 0, exp).map_err(|e| BenchError::Usage(format!("{id}: {e}")))?,
+            crate::token::mint(&device_secret, &id, 0, exp).map_err(|e| BenchError::Usage(format!("{id}: {e}")))?,
         );
     }
     let ctx = Ctx { c, admin, pids };

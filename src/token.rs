@@ -1,6 +1,7 @@
 //! Device tokens: HS256 JWTs whose `sub` is the device id and `epoch` the install epoch. The
 //! length is capped before any decoding (a megabyte token would otherwise cost milliseconds);
-//! `alg: none`, other algorithms, expired tokens and bad signatures are refused.
+//! `alg: none`, other algorithms, expired tokens and bad signatures are refused. Shared by the
+//! device listener (verifying) and the tools that mint tokens (`gateway token`, the load tool).
 
 use serde::{Deserialize, Serialize};
 

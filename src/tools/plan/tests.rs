@@ -199,27 +199,3 @@ fn rejects_unrunnable_models() {
     let huge = StormModel { slot_ms: 1, cap_ms: 10_000_000, ..per_slot(1, 1) };
     assert!(matches!(simulate(&huge), Err(PlanError::TooManySlots { .. })));
 }
-
-#[test]
-fn command_line_maps_to_the_model() {
-    use clap::Parser;
-
-    use crate::cli::{Cli, Command};
-    let parse = |args: &str| Cli::try_parse_from(format!("gateway plan-storm {args}").split_whitespace());
-    let model = |args: &str| match parse(args).unwrap().command {
-        Command::PlanStorm(a) => a.to_model(),
-        other => panic!("{other:?}"),
-    };
-    let m = model("--devices 5 --rate 3 --burst 2 --nodes 2");
-    assert_eq!(m.admission, Admission::TokenBucket { rate_per_s: 3, burst: 2, nodes: 2 });
-    assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms), (1, Jitter::Full, true, 10));
-    let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
-    assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
-    assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));
-    assert_eq!(model("--devices 5 --per-slot 4").retry_after_s, 0);
-    for bad in
-        ["--rate 3 --burst 2", "--devices 5", "--devices 5 --rate 3", "--devices 5 --rate 3 --burst 2 --per-slot 1"]
-    {
-        assert!(parse(bad).is_err(), "{bad}");
-    }
-}

@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Subcommand};
 use tokio::time::Instant;
 
-use crate::cli::SecretArgs;
+use super::SecretArgs;
 use crate::client::device::{DeviceConfig, Event, StopReason};
 use stats::{Kind, Rec};
 

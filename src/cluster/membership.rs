@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
-use serde::{Deserialize, Serialize};
 
-use crate::raft::types::{Member, NodeId, Raft};
+use crate::machine::{Member, NodeId};
+use crate::raft::types::Raft;
+use crate::wire::MembershipSummary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
@@ -22,13 +23,6 @@ pub enum MembershipError {
     Timeout(Duration),
     #[error("raft: {0}")]
     Raft(String),
-}
-
-/// The membership as the answer of every change.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MembershipSummary {
-    pub voters: Vec<(NodeId, String)>,
-    pub learners: Vec<(NodeId, String)>,
 }
 
 pub fn summary(raft: &Raft) -> MembershipSummary {

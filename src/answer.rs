@@ -1,0 +1,158 @@
+//! HTTP answers, and the ONE mapping from what a write answered — a typed reply or a
+//! [`ProposeError`] — to status, `{"error": "<reason>", ...}` body and `Retry-After`. The device
+//! handshake and the cluster listener's API both answer through here, so a refusal reads the
+//! same wherever it comes from. Bodies never echo client input.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Response, StatusCode};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::cluster::ProposeError;
+use crate::machine::{ClaimReply, PublishReply, Superseded};
+
+pub type Resp = Response<Full<Bytes>>;
+
+/// A JSON answer.
+pub fn json<T: Serialize>(status: StatusCode, body: &T) -> Resp {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(bytes)))
+        .expect("static response parts")
+}
+
+/// A refusal: status, reason, extra JSON fields, optional Retry-After seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub reason: &'static str,
+    pub fields: Map<String, Value>,
+    pub retry_after: Option<u64>,
+}
+
+impl Refusal {
+    pub fn new(status: StatusCode, reason: &'static str) -> Refusal {
+        Refusal { status, reason, fields: Map::new(), retry_after: None }
+    }
+
+    /// `503 <reason>` with `Retry-After: 1`.
+    pub fn unavailable(reason: &'static str) -> Refusal {
+        Refusal::new(StatusCode::SERVICE_UNAVAILABLE, reason).retry_after(1)
+    }
+
+    /// Adds a human-readable `"message"`.
+    pub fn message(self, message: impl std::fmt::Display) -> Refusal {
+        self.field("message", message.to_string())
+    }
+
+    pub fn field(mut self, key: &str, value: impl Into<Value>) -> Refusal {
+        self.fields.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Refusal {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    pub fn response(&self) -> Resp {
+        let mut body = Map::new();
+        body.insert("error".into(), self.reason.into());
+        body.extend(self.fields.clone());
+        let mut resp = json(self.status, &body);
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(hyper::header::RETRY_AFTER, secs.into());
+        }
+        resp
+    }
+}
+
+/// A write that did not get a reply. Retryable but for `Rejected` (the write may still commit:
+/// claims are released by their caller, publishes retried with the same `Idempotency-Key`).
+pub fn write_error(e: &ProposeError) -> Refusal {
+    match e {
+        ProposeError::Rejected(_) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "rejected").message(e),
+        _ => Refusal::unavailable("unavailable").message(e),
+    }
+}
+
+/// An accepted claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Accepted {
+    pub version: u64,
+    pub superseded: Option<Superseded>,
+}
+
+/// A claim's outcome: accepted, or `409 stale_attempt` naming the floor, `503 not_live`, or the
+/// write's error.
+pub fn claim(outcome: Result<ClaimReply, ProposeError>) -> Result<Accepted, Refusal> {
+    match outcome {
+        Ok(ClaimReply::Accepted { version, superseded }) => Ok(Accepted { version, superseded }),
+        Ok(ClaimReply::Stale { floor_epoch, floor_attempt }) => {
+            Err(Refusal::new(StatusCode::CONFLICT, "stale_attempt")
+                .field("floor_epoch", floor_epoch)
+                .field("floor_attempt", floor_attempt))
+        }
+        Ok(ClaimReply::NodeNotLive) => Err(Refusal::unavailable("not_live").message("this node holds no live lease")),
+        Err(e) => Err(write_error(&e)),
+    }
+}
+
+/// A publish's outcome: `(seq, duplicate)`, or `404 unknown_device`, or the write's error.
+pub fn publish(outcome: Result<PublishReply, ProposeError>) -> Result<(u64, bool), Refusal> {
+    match outcome {
+        Ok(PublishReply::Published { seq, duplicate }) => Ok((seq, duplicate)),
+        Ok(PublishReply::NoSuchDevice) => Err(Refusal::new(StatusCode::NOT_FOUND, "unknown_device")
+            .message("this device has never connected: no stream to publish to")),
+        Err(e) => Err(write_error(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(r: &Refusal) -> Value {
+        serde_json::to_value(r.fields.clone())
+            .map(|mut v| {
+                v["error"] = r.reason.into();
+                v
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn one_mapping_for_every_claim_outcome() {
+        let accepted = ClaimReply::Accepted { version: 3, superseded: None };
+        assert_eq!(claim(Ok(accepted)), Ok(Accepted { version: 3, superseded: None }));
+        let stale = claim(Ok(ClaimReply::Stale { floor_epoch: 2, floor_attempt: 9 })).unwrap_err();
+        assert_eq!((stale.status, stale.retry_after), (StatusCode::CONFLICT, None));
+        assert_eq!(body(&stale), serde_json::json!({"error": "stale_attempt", "floor_epoch": 2, "floor_attempt": 9}));
+        let not_live = claim(Ok(ClaimReply::NodeNotLive)).unwrap_err();
+        assert_eq!(
+            (not_live.status, not_live.reason, not_live.retry_after),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_live", Some(1))
+        );
+        let timeout = claim(Err(ProposeError::Timeout(5000))).unwrap_err();
+        assert_eq!(
+            (timeout.status, timeout.reason, timeout.retry_after),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Some(1))
+        );
+        let rejected = claim(Err(ProposeError::Rejected("x".into()))).unwrap_err();
+        assert_eq!((rejected.status, rejected.reason), (StatusCode::INTERNAL_SERVER_ERROR, "rejected"));
+    }
+
+    #[test]
+    fn refusal_response_carries_reason_fields_and_retry_after() {
+        let r = Refusal::unavailable("draining").response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[hyper::header::RETRY_AFTER], "1");
+        assert_eq!(r.headers()[hyper::header::CONTENT_TYPE], "application/json");
+        let unknown = publish(Ok(PublishReply::NoSuchDevice)).unwrap_err();
+        assert_eq!((unknown.status, unknown.reason), (StatusCode::NOT_FOUND, "unknown_device"));
+        assert_eq!(publish(Ok(PublishReply::Published { seq: 4, duplicate: true })), Ok((4, true)));
+    }
+}

@@ -1,0 +1,284 @@
+//! The typed port to the replicated state: [`Handle`] (claim, release, publish, ack, renew,
+//! route, stream, membership, Raft RPC, status) and the applied [`ClusterView`] on a watch. The
+//! edges (`ws`, `api`, the node's duties) use only these: they never see the proposer, a raw
+//! [`Command`], the crate-wide [`Reply`], openraft or redb. Behind it: the batching proposer
+//! (follower → leader forwarding included), blocking-pool reads of `state.redb`, and openraft.
+
+pub mod membership;
+pub mod proposer;
+mod status;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::codec::{decode, encode, CodecError};
+use crate::config::Timing;
+use crate::machine::{
+    Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
+    PublishReply, Release, ReleaseNode, Renew, Reply, Route, StreamRead, Sweep, Swept,
+};
+use crate::raft::rpc::{self, RpcError, RpcKind};
+use crate::raft::types::Raft;
+use crate::store::state::StateDb;
+use crate::view::ClusterView;
+use crate::wire::{MembershipSummary, StatusReport};
+use membership::MembershipError;
+pub use proposer::ProposeError;
+use proposer::Proposer;
+
+/// The applied view, republished after every apply.
+pub type ClusterWatch = watch::Receiver<Arc<ClusterView>>;
+
+/// A read of the applied state failed (the store or its blocking task).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("reading the applied state failed: {0}")]
+pub struct ReadError(String);
+
+/// The port. Cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    me: NodeId,
+    member: Member,
+    raft: Raft,
+    proposer: Proposer,
+    state: StateDb,
+    view: ClusterWatch,
+    timing: Timing,
+    /// Highest committed log index this node has learned (maintained by the log store).
+    committed: Arc<AtomicU64>,
+}
+
+/// What a [`Handle`] is built from (by the composition root).
+pub struct Parts {
+    pub me: NodeId,
+    pub member: Member,
+    pub raft: Raft,
+    pub proposer: Proposer,
+    pub state: StateDb,
+    pub view: ClusterWatch,
+    pub timing: Timing,
+    pub committed: Arc<AtomicU64>,
+}
+
+/// Who leads, as this node's Raft instance sees it; wakes on every change.
+pub struct Leadership {
+    rx: watch::Receiver<openraft::RaftMetrics<NodeId, Member>>,
+}
+
+impl Leadership {
+    /// (leader, term) now.
+    pub fn now(&self) -> (Option<NodeId>, u64) {
+        let m = self.rx.borrow();
+        (m.current_leader, m.current_term)
+    }
+
+    /// Waits for the next change of the Raft state; false once Raft stopped.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+}
+
+impl Handle {
+    pub fn new(p: Parts) -> Handle {
+        let Parts { me, member, raft, proposer, state, view, timing, committed } = p;
+        Handle { inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed }) }
+    }
+
+    /// This node's id.
+    pub fn me(&self) -> NodeId {
+        self.inner.me
+    }
+
+    /// This node's membership record (name, addresses).
+    pub fn member(&self) -> &Member {
+        &self.inner.member
+    }
+
+    /// A receiver of the applied view.
+    pub fn watch(&self) -> ClusterWatch {
+        self.inner.view.clone()
+    }
+
+    /// The applied view now.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.inner.view.borrow().clone()
+    }
+
+    /// Proposes a typed command (forwarded to the leader from a follower) and unwraps its reply.
+    async fn write<C: Op>(&self, cmd: C) -> Result<C::Reply, ProposeError> {
+        typed::<C>(self.inner.proposer.propose(cmd.into()).await?)
+    }
+
+    /// A leader duty: proposed here only, never forwarded, so that it cannot land in another
+    /// leader's term (before that term's `ExtendLeases`).
+    async fn write_local<C: Op>(&self, cmd: C) -> Result<C::Reply, ProposeError> {
+        typed::<C>(self.inner.proposer.propose_local(cmd.into()).await?)
+    }
+
+    /// Claims a device for (node, conn): accepted, stale, or node not live.
+    pub async fn claim(&self, claim: Claim) -> Result<ClaimReply, ProposeError> {
+        self.write(claim).await
+    }
+
+    /// Deletes the device's route if it still names `conn`; whether it did.
+    pub async fn release(&self, device: &str, conn: u64) -> Result<bool, ProposeError> {
+        self.write(Release { device: device.to_string(), conn }).await
+    }
+
+    /// Appends a message to a device's stream (the leader stamps its time).
+    pub async fn publish(&self, publish: Publish) -> Result<PublishReply, ProposeError> {
+        self.write(publish).await
+    }
+
+    /// The device has every message up to `seq`; how many were trimmed.
+    pub async fn ack(&self, device: &str, seq: u64) -> Result<u64, ProposeError> {
+        self.write(Ack { device: device.to_string(), seq }).await
+    }
+
+    /// Renews this node's lease, waiting at most `within` (a renewal must not wait out a
+    /// forward to a frozen leader: the next one is due).
+    pub async fn renew(&self, renew: Renew, within: Duration) -> Result<(), ProposeError> {
+        typed::<Renew>(self.inner.proposer.propose_within(renew.into(), within).await?)
+    }
+
+    /// Takes a node out of the ring (drain); whether it was live.
+    pub async fn drain(&self, node: NodeId) -> Result<bool, ProposeError> {
+        self.write(Drain { node, at_ms: 0 }).await
+    }
+
+    /// Deletes every route of a node (the end of a drain); how many.
+    pub async fn release_node(&self, node: NodeId) -> Result<u64, ProposeError> {
+        self.write(ReleaseNode { node }).await
+    }
+
+    /// Forgets a removed node's lease row and routes; how many routes.
+    pub async fn forget(&self, node: NodeId) -> Result<u64, ProposeError> {
+        self.write(Forget { node }).await
+    }
+
+    /// Leader duty: pushes every live lease past the election gap.
+    pub async fn extend_leases(&self, lease_ms: u64) -> Result<(), ProposeError> {
+        self.write_local(ExtendLeases { at_ms: 0, lease_ms }).await
+    }
+
+    /// Leader duty: expires the candidates whose lease lapsed as of the leader's clock.
+    pub async fn sweep(&self, candidates: Vec<NodeId>) -> Result<Swept, ProposeError> {
+        self.write_local(Sweep { at_ms: 0, grace_ms: 0, candidates }).await
+    }
+
+    /// Records the cluster id (the first one wins).
+    pub async fn init(&self, cluster_id: String) -> Result<(), ProposeError> {
+        self.write(Init { cluster_id }).await
+    }
+
+    /// Commands a follower forwarded (`POST /cluster/propose`, project codec): they join this
+    /// node's next batches; the encoded replies come back in order.
+    pub async fn propose_forwarded(&self, body: &[u8]) -> Result<Vec<u8>, CodecError> {
+        let cmds: Vec<Command> = decode(body)?;
+        encode(&self.inner.proposer.propose_forwarded(cmds).await)
+    }
+
+    /// A device's route and floor, as applied here.
+    pub async fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
+        let (db, device) = (self.inner.state.clone(), device.to_string());
+        read(move || db.route(&device)).await
+    }
+
+    /// A device's stream bounds and up to `limit` retained messages after `after`.
+    pub async fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, ReadError> {
+        let (db, device) = (self.inner.state.clone(), device.to_string());
+        read(move || db.stream(&device, after, limit)).await
+    }
+
+    /// The leader as this node knows it.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.inner.raft.metrics().borrow().current_leader
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        Leadership { rx: self.inner.raft.metrics() }
+    }
+
+    /// Hands a Raft RPC (`/raft/*`) to the local Raft instance.
+    pub async fn rpc(&self, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+        rpc::serve(&self.inner.raft, kind, body).await
+    }
+
+    /// The membership as this node's Raft instance knows it.
+    pub fn membership(&self) -> MembershipSummary {
+        membership::summary(&self.inner.raft)
+    }
+
+    /// Leader only: adds a learner; false when it already was a member.
+    pub async fn add_learner(&self, id: NodeId, member: Member) -> Result<bool, MembershipError> {
+        membership::add_learner(&self.inner.raft, id, member, self.op_timeout()).await
+    }
+
+    /// Leader only: promotes a learner while voter slots are free; whether it is a voter.
+    pub async fn promote(&self, id: NodeId) -> Result<bool, MembershipError> {
+        membership::promote(&self.inner.raft, id, self.inner.timing.max_voters, self.op_timeout()).await
+    }
+
+    /// Leader only: removes a member for good and refills voter slots from learners.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
+        membership::remove(&self.inner.raft, id, self.inner.timing.max_voters, self.op_timeout()).await
+    }
+
+    /// Leader only: finishes a joint configuration a previous leader left; whether there was one.
+    pub async fn finish_joint(&self) -> Result<bool, MembershipError> {
+        membership::finish_joint(&self.inner.raft, self.op_timeout()).await
+    }
+
+    /// How long a membership change may take (an election included).
+    pub fn op_timeout(&self) -> Duration {
+        let t = &self.inner.timing;
+        Duration::from_millis(t.propose_timeout_ms.max(t.election_timeout_ms * 4))
+    }
+
+    /// This node's status report (Raft progress, members, leases, ring).
+    pub fn report(&self) -> StatusReport {
+        status::report(self)
+    }
+
+    /// Makes this node a one-node cluster (a fresh data dir with neither `--join` nor
+    /// `--standby`); an error when it already belongs to one.
+    pub async fn bootstrap(&self) -> Result<(), String> {
+        let me = BTreeMap::from([(self.inner.me, self.inner.member.clone())]);
+        self.inner.raft.initialize(me).await.map_err(|e| e.to_string())
+    }
+
+    /// Whether this node's Raft state has a membership (it was bootstrapped or added).
+    pub async fn is_initialized(&self) -> bool {
+        self.inner.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Stops the Raft instance (its connection tasks with it).
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+}
+
+fn typed<C: Op>(reply: Reply) -> Result<C::Reply, ProposeError> {
+    C::unwrap_reply(reply).map_err(|other| ProposeError::Rejected(format!("a reply of another command: {other:?}")))
+}
+
+async fn read<T, F>(f: F) -> Result<T, ReadError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| ReadError(e.to_string())),
+        Err(e) => Err(ReadError(e.to_string())),
+    }
+}

@@ -1,0 +1,59 @@
+//! The status report a node answers: its Raft progress (openraft metrics), the applied members,
+//! leases and ring.
+
+use std::sync::atomic::Ordering;
+
+use super::Handle;
+use crate::clock::now_ms;
+use crate::machine::NodeId;
+use crate::wire::{MemberStatus, NodeRef, RingStatus, StatusReport};
+
+pub(super) fn report(h: &Handle) -> StatusReport {
+    let inner = &h.inner;
+    let m = inner.raft.metrics().borrow().clone();
+    let view = h.view();
+    let now = now_ms() as i64;
+    let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone());
+    let replication = m.replication.clone().unwrap_or_default();
+    let members = view
+        .members()
+        .map(|(id, member)| {
+            let lease = view.lease(id);
+            MemberStatus {
+                id,
+                name: member.name.clone(),
+                cluster_addr: member.cluster_addr.clone(),
+                public_url: member.public_url.clone(),
+                role: if view.is_voter(id) { "voter" } else { "learner" }.to_string(),
+                state: lease.map_or("joining", |l| l.state.as_str()).to_string(),
+                lease_remaining_ms: lease.map(|l| l.lease_until_ms as i64 - now),
+                routes: lease.map_or(0, |l| l.routes),
+                connections: lease.map_or(0, |l| l.connections),
+                matched_index: if id == inner.me && m.current_leader == Some(inner.me) {
+                    m.last_log_index
+                } else {
+                    replication.get(&id).cloned().flatten().map(|l| l.index)
+                },
+            }
+        })
+        .collect();
+    StatusReport {
+        cluster_id: view.state.cluster_id.clone(),
+        node: NodeRef { id: inner.me, name: inner.member.name.clone() },
+        leader: m.current_leader.map(|id| NodeRef { id, name: name_of(id) }),
+        server_state: format!("{:?}", m.state).to_lowercase(),
+        term: m.current_term,
+        commit_index: inner.committed.load(Ordering::Relaxed).max(m.last_applied.map_or(0, |l| l.index)),
+        applied_index: m.last_applied.map_or(0, |l| l.index),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        snapshot_index: m.snapshot.map(|l| l.index),
+        purged_index: m.purged.map(|l| l.index),
+        config: inner.timing.clone(),
+        members,
+        ring: RingStatus {
+            version: view.state.ring_version,
+            live: view.ring.nodes().to_vec(),
+            share: view.ring.shares(),
+        },
+    }
+}

@@ -1,0 +1,110 @@
+//! Claims and releases (V1, V2): a device's route moves only through a claim whose
+//! `(epoch, attempt)` beats every claim accepted before, by a live member; floors are never
+//! deleted, so a late claim stays fenced after its route is gone.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{Floor, LeaseState, NodeId, Route, Superseded};
+use super::{Apply, Ctx, Event, State, Tables};
+
+/// Moves `device` to (`node`, `conn`) iff `(epoch, attempt)` beats the device's floor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    pub device: String,
+    pub node: NodeId,
+    pub conn: u64,
+    pub epoch: u64,
+    pub attempt: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClaimReply {
+    /// The route is (node, conn) at `version`; `superseded` is the connection it replaced.
+    Accepted { version: u64, superseded: Option<Superseded> },
+    /// Not newer than the floor: nothing changed.
+    Stale { floor_epoch: u64, floor_attempt: u64 },
+    /// The claiming node holds no live lease (or is not a member): nothing changed.
+    NodeNotLive,
+}
+
+impl Apply for Claim {
+    type Reply = ClaimReply;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
+        let Claim { device, node, conn, epoch, attempt } = self;
+        let claim = (epoch, attempt);
+        let floor = cx.tables.floor(&device)?;
+        let route = cx.tables.route(&device)?;
+        if let Some(f) = &floor {
+            if claim <= (f.max_epoch, f.max_attempt) {
+                // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
+                if let Some(r) = route.as_ref().filter(|r| r.node == node && r.conn == conn) {
+                    if claim == (f.max_epoch, f.max_attempt) {
+                        return Ok(ClaimReply::Accepted { version: r.version, superseded: None });
+                    }
+                }
+                return Ok(ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt });
+            }
+        }
+        if cx.state.nodes.get(&node).map(|l| l.state) != Some(LeaseState::Live) || !cx.state.is_member(node) {
+            return Ok(ClaimReply::NodeNotLive);
+        }
+        let version = floor.as_ref().map_or(0, |f| f.max_version) + 1;
+        let superseded = match route {
+            Some(old) => {
+                remove_route(cx.state, cx.tables, &device, &old)?;
+                cx.events.push(Event::Superseded { node: old.node, conn: old.conn });
+                Some(Superseded { node: old.node, conn: old.conn })
+            }
+            None => None,
+        };
+        cx.tables.put_route(&device, &Route { node, conn, version })?;
+        if let Some(l) = cx.state.nodes.get_mut(&node) {
+            l.routes += 1;
+        }
+        let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
+        cx.tables.put_floor(&device, &floor)?;
+        Ok(ClaimReply::Accepted { version, superseded })
+    }
+}
+
+/// Deletes the device's route only if it still names `conn`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    pub device: String,
+    pub conn: u64,
+}
+
+impl Apply for Release {
+    type Reply = bool;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+        match cx.tables.route(&self.device)? {
+            Some(r) if r.conn == self.conn => {
+                remove_route(cx.state, cx.tables, &self.device, &r)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+fn remove_route<T: Tables>(state: &mut State, tables: &mut T, device: &str, r: &Route) -> Result<(), T::Error> {
+    tables.remove_route(device, r.node)?;
+    if let Some(l) = state.nodes.get_mut(&r.node) {
+        l.routes = l.routes.saturating_sub(1);
+    }
+    Ok(())
+}
+
+/// Deletes every route naming `node`; floors stay, so late claims remain fenced.
+pub(super) fn delete_node_routes<T: Tables>(state: &mut State, tables: &mut T, node: NodeId) -> Result<u64, T::Error> {
+    let devices = tables.node_devices(node)?;
+    for device in &devices {
+        tables.remove_route(device, node)?;
+    }
+    if let Some(l) = state.nodes.get_mut(&node) {
+        l.routes = 0;
+    }
+    Ok(devices.len() as u64)
+}

@@ -1,0 +1,174 @@
+//! Node leases (V3, V6): renewals, the leader's extension on election, sweeps of lapsed leases,
+//! drains, and forgetting removed nodes. A lease only grows while the node is not expired; a sweep
+//! re-checks every candidate against the entry's own `at_ms`, so a duplicate or stale sweep is
+//! harmless; routes are deleted, floors never.
+
+use serde::{Deserialize, Serialize};
+
+use super::claim::delete_node_routes;
+use super::types::{LeaseState, NodeId, NodeLease};
+use super::{Apply, Ctx, Event, Tables};
+
+/// Records the cluster id once; later ones change nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Init {
+    pub cluster_id: String,
+}
+
+impl Apply for Init {
+    type Reply = ();
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+        cx.state.cluster_id.get_or_insert(self.cluster_id);
+        Ok(())
+    }
+}
+
+/// Renews `node`'s lease to `at_ms + lease_ms` (never shorter) and publishes its load.
+/// `incarnation` is random per process start: a draining node stays draining until a renewal
+/// from a new incarnation (a restart), so a renewal that raced a `Drain` cannot put the node
+/// back into the ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renew {
+    pub node: NodeId,
+    pub at_ms: u64,
+    pub lease_ms: u64,
+    pub connections: u64,
+    pub draining: bool,
+    pub incarnation: u64,
+}
+
+impl Apply for Renew {
+    type Reply = ();
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+        if !cx.state.is_member(self.node) {
+            return Ok(());
+        }
+        let lease = cx.state.nodes.entry(self.node).or_insert(NodeLease {
+            lease_until_ms: 0,
+            state: LeaseState::Live,
+            connections: 0,
+            routes: 0,
+            incarnation: self.incarnation,
+        });
+        lease.lease_until_ms = lease.lease_until_ms.max(self.at_ms.saturating_add(self.lease_ms));
+        let same_process = lease.incarnation == self.incarnation;
+        lease.state = match lease.state {
+            _ if self.draining => LeaseState::Draining,
+            LeaseState::Draining if same_process => LeaseState::Draining,
+            _ => LeaseState::Live,
+        };
+        lease.incarnation = self.incarnation;
+        lease.connections = self.connections;
+        Ok(())
+    }
+}
+
+/// Expires each candidate whose `lease_until + grace_ms < at_ms` and deletes its routes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub at_ms: u64,
+    pub grace_ms: u64,
+    pub candidates: Vec<NodeId>,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Swept {
+    pub expired: Vec<NodeId>,
+    pub routes_deleted: u64,
+}
+
+impl Apply for Sweep {
+    type Reply = Swept;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Swept, T::Error> {
+        let mut swept = Swept { expired: Vec::new(), routes_deleted: 0 };
+        for node in self.candidates {
+            let lapsed = cx.state.nodes.get(&node).is_some_and(|l| {
+                l.state != LeaseState::Expired && l.lease_until_ms.saturating_add(self.grace_ms) < self.at_ms
+            });
+            if lapsed {
+                swept.routes_deleted += delete_node_routes(cx.state, cx.tables, node)?;
+                if let Some(l) = cx.state.nodes.get_mut(&node) {
+                    l.state = LeaseState::Expired;
+                }
+                swept.expired.push(node);
+            }
+        }
+        if !swept.expired.is_empty() {
+            cx.events.push(Event::Swept { nodes: swept.expired.clone() });
+        }
+        Ok(swept)
+    }
+}
+
+/// Pushes every unexpired lease to at least `at_ms + lease_ms` (new leader, before any sweep).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtendLeases {
+    pub at_ms: u64,
+    pub lease_ms: u64,
+}
+
+impl Apply for ExtendLeases {
+    type Reply = ();
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+        for l in cx.state.nodes.values_mut().filter(|l| l.state != LeaseState::Expired) {
+            l.lease_until_ms = l.lease_until_ms.max(self.at_ms.saturating_add(self.lease_ms));
+        }
+        Ok(())
+    }
+}
+
+/// Marks `node` draining: it leaves the ring everywhere at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drain {
+    pub node: NodeId,
+    pub at_ms: u64,
+}
+
+impl Apply for Drain {
+    type Reply = bool;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+        match cx.state.nodes.get_mut(&self.node) {
+            Some(l) if l.state == LeaseState::Live => {
+                l.state = LeaseState::Draining;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Deletes every route still naming `node` (the end of a drain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseNode {
+    pub node: NodeId,
+}
+
+impl Apply for ReleaseNode {
+    type Reply = u64;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+        delete_node_routes(cx.state, cx.tables, self.node)
+    }
+}
+
+/// Forgets a node that left the membership: its lease row and routes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forget {
+    pub node: NodeId,
+}
+
+impl Apply for Forget {
+    type Reply = u64;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+        let n = delete_node_routes(cx.state, cx.tables, self.node)?;
+        cx.state.nodes.remove(&self.node);
+        Ok(n)
+    }
+}

@@ -1,0 +1,213 @@
+//! The replicated state machine as domain code (design §3): one type per command with its own
+//! reply type, the rules as functions over a small table interface ([`Tables`]), and the events an
+//! apply emits. Deterministic: it reads no clock and no config, only the commands it is given (the
+//! leader stamps `at_ms`). It imports no runtime crate — no tokio, hyper, openraft or redb — so
+//! the rules are tested against a model on in-memory tables.
+
+pub mod claim;
+pub mod lease;
+pub mod stream;
+pub mod tables;
+pub mod types;
+
+#[cfg(test)]
+pub(crate) mod props;
+#[cfg(test)]
+pub(crate) mod testkit;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+pub use claim::{Claim, ClaimReply, Release};
+pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Sweep, Swept};
+pub use stream::{Ack, Delivery, Head, Message, Publish, PublishReply, StreamRead};
+pub use tables::Tables;
+pub use types::{Floor, LeaseState, Member, NodeId, NodeLease, Route, Superseded};
+
+/// The small part of the state every node needs on every decision, kept in memory (the big
+/// tables — routes, floors, streams — stay behind [`Tables`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    pub cluster_id: Option<String>,
+    /// Log index of the last change to the live set.
+    pub ring_version: u64,
+    /// The Raft membership as applied (voters and learners).
+    pub members: BTreeMap<NodeId, Member>,
+    pub voters: BTreeSet<NodeId>,
+    pub nodes: BTreeMap<NodeId, NodeLease>,
+}
+
+impl State {
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.members.contains_key(&node)
+    }
+
+    /// Members whose applied lease state is live: the ring's input.
+    pub fn live_set(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(id, l)| l.state == LeaseState::Live && self.is_member(**id))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+/// What an apply did that a node must act on at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A claim replaced the route held by `conn` on `node`.
+    Superseded { node: NodeId, conn: u64 },
+    /// A sweep expired these nodes and deleted their routes.
+    Swept { nodes: Vec<NodeId> },
+    /// A message was appended to a device's stream while its route named (node, conn).
+    Published(Delivery),
+    /// A snapshot replaced the whole state: what it folded in fired no events, so reconcile.
+    Installed,
+}
+
+/// What one apply needs: the in-memory state, the tables, and where events go.
+pub struct Ctx<'a, T> {
+    pub state: &'a mut State,
+    pub tables: &'a mut T,
+    pub events: &'a mut Vec<Event>,
+}
+
+/// A command's rule: applies it and answers its own reply type.
+pub trait Apply {
+    type Reply;
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Self::Reply, T::Error>;
+}
+
+/// A typed command: what the [`Command`] vocabulary carries and how its [`Reply`] unwraps.
+pub trait Op: Apply + Into<Command> {
+    /// The typed reply out of the crate-wide one; `Err` gives back a reply of another command
+    /// (a bug, reported by the caller).
+    fn unwrap_reply(reply: Reply) -> Result<Self::Reply, Reply>;
+}
+
+macro_rules! commands {
+    ($($(#[$doc:meta])* $name:ident => $reply:ty,)*) => {
+        /// The log's command vocabulary: one variant per command type. The variant order is the
+        /// wire and log format: append new commands at the end.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum Command {
+            $($(#[$doc])* $name($name),)*
+        }
+
+        /// One reply per command, the same variant as its command.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum Reply {
+            $($name($reply),)*
+        }
+
+        impl Command {
+            fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Reply, T::Error> {
+                match self {
+                    $(Command::$name(c) => c.apply(cx).map(Reply::$name),)*
+                }
+            }
+        }
+
+        $(
+            impl From<$name> for Command {
+                fn from(c: $name) -> Command {
+                    Command::$name(c)
+                }
+            }
+
+            impl Op for $name {
+                fn unwrap_reply(reply: Reply) -> Result<$reply, Reply> {
+                    match reply {
+                        Reply::$name(r) => Ok(r),
+                        #[allow(unreachable_patterns)]
+                        other => Err(other),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+commands! {
+    /// Records the cluster id once.
+    Init => (),
+    /// Moves a device to (node, conn) iff its `(epoch, attempt)` beats the device's floor.
+    Claim => ClaimReply,
+    /// Deletes a device's route only if it still names the connection: whether it did.
+    Release => bool,
+    /// Renews a node's lease and publishes its load.
+    Renew => (),
+    /// Expires lapsed leases and deletes their routes.
+    Sweep => Swept,
+    /// Pushes every unexpired lease past an election gap.
+    ExtendLeases => (),
+    /// Takes a live node out of the ring: whether it was live.
+    Drain => bool,
+    /// Deletes a node's routes: how many.
+    ReleaseNode => u64,
+    /// Forgets a removed node's lease row and routes: how many routes.
+    Forget => u64,
+    /// Appends a message to a device's stream.
+    Publish => PublishReply,
+    /// Trims a device's stream up to a seq: how many messages.
+    Ack => u64,
+}
+
+impl Command {
+    /// The leader's proposer stamps its wall clock into time-dependent commands.
+    pub fn stamp(&mut self, now_ms: u64) {
+        match self {
+            Command::Renew(Renew { at_ms, .. })
+            | Command::Sweep(Sweep { at_ms, .. })
+            | Command::ExtendLeases(ExtendLeases { at_ms, .. })
+            | Command::Drain(Drain { at_ms, .. })
+            | Command::Publish(Publish { at_ms, .. }) => *at_ms = now_ms,
+            _ => {}
+        }
+    }
+}
+
+/// One log entry, as the machine sees it.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A leader's blank entry: nothing changes.
+    Blank,
+    /// A membership change committed: these are the members now.
+    Membership { members: BTreeMap<NodeId, Member>, voters: BTreeSet<NodeId> },
+    /// A batch of commands, answered one reply each, in order.
+    Commands(Vec<Command>),
+}
+
+/// Applies the entry at log `index`. The ring version becomes `index` when the live set changed.
+pub fn apply<T: Tables>(
+    state: &mut State,
+    tables: &mut T,
+    index: u64,
+    input: Input,
+    events: &mut Vec<Event>,
+) -> Result<Vec<Reply>, T::Error> {
+    let live_before = state.live_set();
+    let replies = match input {
+        Input::Blank => Vec::new(),
+        Input::Membership { members, voters } => {
+            state.members = members;
+            state.voters = voters;
+            Vec::new()
+        }
+        Input::Commands(cmds) => {
+            let mut cx = Ctx { state: &mut *state, tables, events };
+            let mut replies = Vec::with_capacity(cmds.len());
+            for cmd in cmds {
+                replies.push(cmd.apply(&mut cx)?);
+            }
+            replies
+        }
+    };
+    if state.live_set() != live_before {
+        state.ring_version = index;
+    }
+    Ok(replies)
+}

@@ -1,0 +1,385 @@
+//! Property tests of the rules, generic over the backend (instantiated by
+//! [`super::testkit::backend_tests`]): V1/V2 and the lease/route bookkeeping against a small
+//! reference model, lease monotonicity, snapshot install/reopen round trips, and the message
+//! streams against a model.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use proptest::prelude::*;
+
+use super::testkit::*;
+use super::tests::{idem, sm_with, FOREVER};
+use super::*;
+
+const MEMBERS: [NodeId; 3] = [1, 2, 3];
+
+/// The design's §3 table, written as plainly as possible over in-memory maps.
+#[derive(Debug, Default)]
+struct Model {
+    /// node → (lease_until_ms, state, connections, incarnation)
+    nodes: BTreeMap<NodeId, (u64, LeaseState, u64, u64)>,
+    routes: BTreeMap<String, Route>,
+    floors: BTreeMap<String, Floor>,
+    ring_version: u64,
+}
+
+impl Model {
+    fn live_set(&self) -> BTreeSet<NodeId> {
+        self.nodes.iter().filter(|(id, l)| l.1 == LeaseState::Live && MEMBERS.contains(id)).map(|(id, _)| *id).collect()
+    }
+
+    fn drop_routes_of(&mut self, node: NodeId) -> u64 {
+        let before = self.routes.len();
+        self.routes.retain(|_, r| r.node != node);
+        (before - self.routes.len()) as u64
+    }
+
+    fn claim(&mut self, c: Claim) -> ClaimReply {
+        let Claim { device, node, conn, epoch, attempt } = c;
+        let floor = self.floors.get(&device).cloned();
+        if let Some(f) = &floor {
+            if (epoch, attempt) <= (f.max_epoch, f.max_attempt) {
+                let holder = self.routes.get(&device).filter(|r| r.node == node && r.conn == conn);
+                return match holder {
+                    Some(r) if (epoch, attempt) == (f.max_epoch, f.max_attempt) => {
+                        ClaimReply::Accepted { version: r.version, superseded: None }
+                    }
+                    _ => ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt },
+                };
+            }
+        }
+        if !self.live_set().contains(&node) {
+            return ClaimReply::NodeNotLive;
+        }
+        let version = floor.map_or(0, |f| f.max_version) + 1;
+        let old = self.routes.insert(device.clone(), Route { node, conn, version });
+        let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
+        self.floors.insert(device, floor);
+        ClaimReply::Accepted { version, superseded: old.map(|r| Superseded { node: r.node, conn: r.conn }) }
+    }
+
+    fn apply(&mut self, cmd: &Command) -> Reply {
+        match cmd.clone() {
+            Command::Init(_) => Reply::Init(()),
+            Command::Claim(c) => Reply::Claim(self.claim(c)),
+            Command::Release(Release { device, conn }) => {
+                let holds = self.routes.get(&device).is_some_and(|r| r.conn == conn);
+                if holds {
+                    self.routes.remove(&device);
+                }
+                Reply::Release(holds)
+            }
+            Command::Renew(Renew { node, at_ms, lease_ms, connections, draining, incarnation }) => {
+                if MEMBERS.contains(&node) {
+                    let l = self.nodes.entry(node).or_insert((0, LeaseState::Live, 0, incarnation));
+                    l.0 = l.0.max(at_ms + lease_ms);
+                    // Draining sticks until a renewal from another incarnation (a restart).
+                    let sticky = l.1 == LeaseState::Draining && l.3 == incarnation;
+                    l.1 = if draining || sticky { LeaseState::Draining } else { LeaseState::Live };
+                    l.2 = connections;
+                    l.3 = incarnation;
+                }
+                Reply::Renew(())
+            }
+            Command::Sweep(Sweep { at_ms, grace_ms, candidates }) => {
+                let (mut expired, mut routes_deleted) = (Vec::new(), 0);
+                for node in candidates {
+                    let lapsed =
+                        self.nodes.get(&node).is_some_and(|l| l.1 != LeaseState::Expired && l.0 + grace_ms < at_ms);
+                    if lapsed {
+                        routes_deleted += self.drop_routes_of(node);
+                        self.nodes.get_mut(&node).unwrap().1 = LeaseState::Expired;
+                        expired.push(node);
+                    }
+                }
+                Reply::Sweep(Swept { expired, routes_deleted })
+            }
+            Command::ExtendLeases(ExtendLeases { at_ms, lease_ms }) => {
+                for l in self.nodes.values_mut().filter(|l| l.1 != LeaseState::Expired) {
+                    l.0 = l.0.max(at_ms + lease_ms);
+                }
+                Reply::ExtendLeases(())
+            }
+            Command::Drain(Drain { node, .. }) => match self.nodes.get_mut(&node) {
+                Some(l) if l.1 == LeaseState::Live => {
+                    l.1 = LeaseState::Draining;
+                    Reply::Drain(true)
+                }
+                _ => Reply::Drain(false),
+            },
+            Command::ReleaseNode(ReleaseNode { node }) => Reply::ReleaseNode(self.drop_routes_of(node)),
+            Command::Forget(Forget { node }) => {
+                let n = self.drop_routes_of(node);
+                self.nodes.remove(&node);
+                Reply::Forget(n)
+            }
+            // Streams have their own model below; the generator emits none.
+            Command::Publish(_) | Command::Ack(_) => unreachable!("not generated"),
+        }
+    }
+
+    /// Lease rows as the state machine should hold them: `routes` is the real route count.
+    fn leases(&self) -> BTreeMap<NodeId, NodeLease> {
+        let count = |n: NodeId| self.routes.values().filter(|r| r.node == n).count() as u64;
+        self.nodes
+            .iter()
+            .map(|(&id, &(lease_until_ms, state, connections, incarnation))| {
+                (id, NodeLease { lease_until_ms, state, connections, routes: count(id), incarnation })
+            })
+            .collect()
+    }
+}
+
+fn command() -> impl Strategy<Value = Command> {
+    let device = (0..5u8).prop_map(|d| format!("d{d}"));
+    prop_oneof![
+        3 => (1..=4u64, 0..400u64, 20..150u64, 0..5u64, prop::bool::weighted(0.1), 0..2u64).prop_map(
+            |(node, at_ms, lease_ms, connections, draining, incarnation)| {
+                Renew { node, at_ms, lease_ms, connections, draining, incarnation }.into()
+            }
+        ),
+        6 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64)
+            .prop_map(|(device, node, conn, epoch, attempt)| claim(&device, node, conn, epoch, attempt)),
+        2 => (device, 0..4u64).prop_map(|(device, conn)| Release { device, conn }.into()),
+        2 => (0..500u64, 0..20u64, prop::sample::subsequence(vec![1u64, 2, 3, 4], 0..=4))
+            .prop_map(|(at_ms, grace_ms, candidates)| Sweep { at_ms, grace_ms, candidates }.into()),
+        1 => (0..400u64, 20..150u64).prop_map(|(at_ms, lease_ms)| ExtendLeases { at_ms, lease_ms }.into()),
+        1 => (1..=4u64).prop_map(|node| drain(node, 0)),
+        1 => (1..=4u64).prop_map(|node| ReleaseNode { node }.into()),
+        1 => (1..=4u64).prop_map(|node| Forget { node }.into()),
+    ]
+}
+
+/// Up to 60 commands batched into entries of 1 to 3 commands (the proposer batches too).
+pub fn entries() -> impl Strategy<Value = Vec<Vec<Command>>> {
+    prop::collection::vec(prop::collection::vec(command(), 1..=3), 1..=20)
+}
+
+/// A few more entries, applied after a snapshot.
+pub fn entries_short() -> impl Strategy<Value = Vec<Vec<Command>>> {
+    prop::collection::vec(prop::collection::vec(command(), 1..=3), 1..=8)
+}
+
+/// Checks V1/V2 and the bookkeeping after one entry, independently of the model's replies.
+#[derive(Default)]
+struct Invariants {
+    /// device → (version, epoch, attempt, node, conn) of the last accepted claim
+    accepted: BTreeMap<String, (u64, u64, u64, NodeId, u64)>,
+    /// device → highest route version ever seen
+    seen: BTreeMap<String, u64>,
+}
+
+impl Invariants {
+    fn claim_reply(&mut self, cmd: &Command, reply: &Reply) {
+        let Command::Claim(Claim { device, node, conn, epoch, attempt }) = cmd else { return };
+        let Reply::Claim(ClaimReply::Accepted { version, .. }) = reply else { return };
+        let key = (*epoch, *attempt);
+        match self.accepted.get(device).copied() {
+            // An exact replay of the last accepted claim keeps its version.
+            Some((v, e, a, n, c)) if *version == v => {
+                assert_eq!((key, *node, *conn), ((e, a), n, c), "version {v} reused by another claim");
+            }
+            Some((v, e, a, ..)) => {
+                assert_eq!(*version, v + 1, "{device}: an accepted claim must bump the version by one");
+                assert!(key > (e, a), "{device}: accepted {key:?} not newer than {:?}", (e, a));
+            }
+            None => assert_eq!(*version, 1, "{device}: first accepted claim"),
+        }
+        self.accepted.insert(device.clone(), (*version, *epoch, *attempt, *node, *conn));
+    }
+
+    fn state<B: Backend>(&mut self, sm: &Sm<B>) {
+        let t = sm.b.dump();
+        for (device, route) in &t.routes {
+            let (v, _, _, n, c) = self.accepted[device];
+            assert_eq!((route.version, route.node, route.conn), (v, n, c), "{device}: route is not the last claim");
+            let seen = self.seen.entry(device.clone()).or_default();
+            assert!(route.version >= *seen, "{device}: route version went down");
+            *seen = route.version;
+        }
+        let index: BTreeSet<(NodeId, String)> = t.routes.iter().map(|(d, r)| (r.node, d.clone())).collect();
+        assert_eq!(t.node_routes, index, "the node index differs from the routes");
+        for (device, floor) in &t.floors {
+            let (v, e, a, n, _) = self.accepted[device];
+            assert_eq!(floor, &Floor { max_version: v, max_epoch: e, max_attempt: a, last_node: n }, "{device}: floor");
+        }
+        for (id, lease) in &sm.state.nodes {
+            let actual = t.routes.values().filter(|r| r.node == *id).count() as u64;
+            assert_eq!(lease.routes, actual, "node {id}: routes count");
+        }
+    }
+}
+
+/// Runs `entries` on a fresh state machine, checking each entry against the model and invariants.
+pub fn routes_follow_model<B: Backend>(entries: &[Vec<Command>]) {
+    let mut sm = Sm::<B>::new();
+    let mut model = Model::default();
+    let mut inv = Invariants::default();
+    for cmds in entries {
+        let live_before = model.live_set();
+        let replies = sm.entry(cmds.clone());
+        for (cmd, reply) in cmds.iter().zip(&replies) {
+            assert_eq!(reply, &model.apply(cmd), "reply to {cmd:?}");
+            inv.claim_reply(cmd, reply);
+        }
+        if model.live_set() != live_before {
+            model.ring_version = sm.index;
+        }
+        inv.state(&sm);
+        let t = sm.b.dump();
+        assert_eq!(t.routes, model.routes, "routes after {cmds:?}");
+        assert_eq!(t.floors, model.floors, "floors after {cmds:?}");
+        assert_eq!(sm.state.nodes, model.leases(), "leases after {cmds:?}");
+        assert_eq!(sm.state.ring_version, model.ring_version, "ring_version after {cmds:?}");
+    }
+}
+
+/// Renewals and extensions of one node: lease_until only grows while the node is not expired.
+pub fn lease_until_never_decreases<B: Backend>(ops: &[(bool, u64, u64)]) {
+    let mut sm = Sm::<B>::new();
+    sm.one(renew(2, 0, 1)); // a second lease that ExtendLeases must also push
+    let mut until = 0;
+    for &(extend, at_ms, lease_ms) in ops {
+        let before2 = sm.lease(2).unwrap().lease_until_ms;
+        let cmd = if extend { ExtendLeases { at_ms, lease_ms }.into() } else { renew(1, at_ms, lease_ms) };
+        sm.one(cmd);
+        let Some(l1) = sm.lease(1) else {
+            assert!(extend, "a member's renewal created no lease row");
+            continue;
+        };
+        assert_eq!(l1.lease_until_ms, until.max(at_ms + lease_ms));
+        until = l1.lease_until_ms;
+        let l2 = sm.lease(2).unwrap().lease_until_ms;
+        assert!(l2 >= before2);
+        if extend {
+            assert!(l2 >= at_ms + lease_ms);
+        }
+    }
+}
+
+/// dump → encode → install on a fresh backend gives the same state, keeps applying identically,
+/// and survives a reopen.
+pub fn snapshot_round_trip<B: Backend>(before: Vec<Vec<Command>>, after: Vec<Vec<Command>>) {
+    let mut sm = Sm::<B>::new();
+    for cmds in before {
+        sm.entry(cmds);
+    }
+    let copy = sm.install_copy();
+    assert_eq!(copy.everything(), sm.everything());
+    let mut copy = copy.reopen();
+    for cmds in &after {
+        assert_eq!(copy.entry(cmds.clone()), sm.entry(cmds.clone()));
+    }
+    assert_eq!(copy.everything(), sm.everything());
+    let (sm, copy) = (sm.reopen(), copy.reopen());
+    assert_eq!(copy.everything(), sm.everything());
+}
+
+// ---- message streams against a model ----
+
+#[derive(Debug, Clone)]
+pub enum StreamOp {
+    Publish { dev: usize, key: Option<u8>, dt: u64, keep_count: u64, keep_age_ms: u64 },
+    Ack { dev: usize, seq: u64 },
+}
+
+const DEVICES: [&str; 2] = ["d0", "d1"];
+
+#[derive(Debug, Default, Clone)]
+struct Stream {
+    head: u64,
+    /// (seq, at_ms, payload, key)
+    retained: VecDeque<(u64, u64, String, Option<String>)>,
+}
+
+impl Stream {
+    fn dup(&self, key: &str) -> Option<u64> {
+        self.retained.iter().find(|m| m.3.as_deref() == Some(key)).map(|m| m.0)
+    }
+}
+
+fn stream_op() -> impl Strategy<Value = StreamOp> {
+    prop_oneof![
+        3 => (0..2usize, prop::option::of(0..3u8), 0..60u64, 0..6u64, prop_oneof![Just(FOREVER), 0..150u64])
+            .prop_map(|(dev, key, dt, keep_count, keep_age_ms)| StreamOp::Publish { dev, key, dt, keep_count, keep_age_ms }),
+        1 => (0..2usize, 0..25u64).prop_map(|(dev, seq)| StreamOp::Ack { dev, seq }),
+    ]
+}
+
+pub fn stream_entries() -> impl Strategy<Value = Vec<Vec<StreamOp>>> {
+    prop::collection::vec(prop::collection::vec(stream_op(), 1..4), 1..40)
+}
+
+pub fn streams_match_a_model<B: Backend>(entries: Vec<Vec<StreamOp>>) {
+    let mut sm = sm_with::<B>(&DEVICES);
+    let mut model: [Stream; 2] = Default::default();
+    let mut now = 0u64;
+    let mut n = 0u64;
+    let mut last = [0u64; 2];
+    for ops in entries {
+        let mut cmds = Vec::new();
+        let mut want = Vec::new();
+        for op in ops {
+            match op {
+                StreamOp::Publish { dev, key, dt, keep_count, keep_age_ms } => {
+                    now += dt;
+                    n += 1;
+                    let key = key.map(|k| format!("k{k}"));
+                    let payload = format!("{{\"n\":{n}}}");
+                    cmds.push(publish(DEVICES[dev], &payload, key.as_deref(), now, keep_count, keep_age_ms));
+                    let s = &mut model[dev];
+                    if let Some(seq) = key.as_deref().and_then(|k| s.dup(k)) {
+                        want.push(published(seq, true));
+                        continue;
+                    }
+                    s.head += 1;
+                    s.retained.push_back((s.head, now, payload, key));
+                    while s.retained.len() as u64 > keep_count
+                        || s.retained.front().is_some_and(|m| m.1.saturating_add(keep_age_ms) < now)
+                    {
+                        s.retained.pop_front();
+                    }
+                    want.push(published(s.head, false));
+                }
+                StreamOp::Ack { dev, seq } => {
+                    cmds.push(ack(DEVICES[dev], seq));
+                    let s = &mut model[dev];
+                    let before = s.retained.len();
+                    s.retained.retain(|m| m.0 > seq);
+                    want.push(Reply::Ack((before - s.retained.len()) as u64));
+                }
+            }
+        }
+        let got = sm.entry(cmds.clone());
+        assert_eq!(&got, &want, "entry {cmds:?}");
+        for (cmd, reply) in cmds.iter().zip(&got) {
+            if let (Command::Publish(p), Reply::Publish(PublishReply::Published { seq, duplicate: false })) =
+                (cmd, reply)
+            {
+                let dev = DEVICES.iter().position(|d| *d == p.device).unwrap();
+                assert!(*seq > last[dev], "seq {seq} after {} on {}", last[dev], p.device);
+                last[dev] = *seq;
+            }
+        }
+        for (d, s) in DEVICES.iter().zip(&model) {
+            let r = sm.read(d, 0, usize::MAX);
+            let oldest = s.retained.front().map_or(s.head + 1, |m| m.0);
+            assert_eq!(r.head, Head { head: s.head, oldest }, "{d}");
+            let want: Vec<(u64, Message)> = s
+                .retained
+                .iter()
+                .map(|(seq, at_ms, payload, key)| {
+                    (*seq, Message { at_ms: *at_ms, payload: payload.clone(), key: key.clone() })
+                })
+                .collect();
+            assert_eq!(&r.messages, &want, "{d}");
+            assert!(r.messages.windows(2).all(|w| w[0].0 < w[1].0), "seqs not increasing on {d}");
+            let keys: BTreeMap<String, u64> = s.retained.iter().filter_map(|m| m.3.clone().map(|k| (k, m.0))).collect();
+            assert_eq!(idem(&sm, d).into_iter().collect::<BTreeMap<_, _>>(), keys, "{d}");
+        }
+    }
+    let copy = sm.install_copy();
+    for d in DEVICES {
+        assert_eq!(copy.read(d, 0, usize::MAX), sm.read(d, 0, usize::MAX));
+    }
+}

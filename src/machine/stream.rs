@@ -1,0 +1,153 @@
+//! Per-device message streams (design §6, V5): a publish appends the next seq (or answers the
+//! seq its idempotency key already got), retention drops by count and age (both carried in the
+//! command: apply reads no config and no clock), an ack trims what the device confirmed. A
+//! publish to a device that never connected has no stream.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::NodeId;
+use super::{Apply, Ctx, Event, Tables};
+
+/// One retained message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub at_ms: u64,
+    /// The payload as JSON text.
+    pub payload: String,
+    pub key: Option<String>,
+}
+
+/// A stream's bounds: messages `oldest..=head` are retained (`oldest = head + 1` when none is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub head: u64,
+    pub oldest: u64,
+}
+
+impl Default for Head {
+    /// A stream that never had a message.
+    fn default() -> Head {
+        Head { head: 0, oldest: 1 }
+    }
+}
+
+/// What a reader gets: the bounds, and the retained messages after a cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamRead {
+    pub head: Head,
+    pub messages: Vec<(u64, Message)>,
+}
+
+/// A message to push to the connection that holds the device's route, as applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub node: NodeId,
+    pub conn: u64,
+    pub device: String,
+    pub seq: u64,
+    pub payload: String,
+}
+
+/// Appends a message to a known device's stream (idempotent per `key`), then trims the stream to
+/// `keep_count` messages and to those newer than `at_ms - keep_age_ms`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publish {
+    pub device: String,
+    pub payload: String,
+    pub key: Option<String>,
+    pub at_ms: u64,
+    pub keep_count: u64,
+    pub keep_age_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PublishReply {
+    /// The message's seq; `duplicate` when the idempotency key was seen before (nothing changed).
+    Published { seq: u64, duplicate: bool },
+    /// The device never connected: there is no stream to publish to.
+    NoSuchDevice,
+}
+
+impl Apply for Publish {
+    type Reply = PublishReply;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<PublishReply, T::Error> {
+        let t = &mut *cx.tables;
+        let device = self.device.as_str();
+        if t.floor(device)?.is_none() {
+            return Ok(PublishReply::NoSuchDevice);
+        }
+        if let Some(key) = &self.key {
+            if let Some(seq) = t.idempotent(device, key)? {
+                return Ok(PublishReply::Published { seq, duplicate: true });
+            }
+        }
+        let mut h = t.head(device)?.unwrap_or_default();
+        h.head += 1;
+        let msg = Message { at_ms: self.at_ms, payload: self.payload, key: self.key };
+        t.put_message(device, h.head, &msg)?;
+        if let Some(key) = &msg.key {
+            t.put_idempotent(device, key, h.head)?;
+        }
+        let cutoff = self.at_ms.saturating_sub(self.keep_age_ms);
+        while h.oldest <= h.head {
+            let count = h.head - h.oldest + 1;
+            let old = t.message(device, h.oldest)?;
+            let expired = old.as_ref().is_some_and(|m| m.at_ms < cutoff);
+            if count <= self.keep_count && !expired {
+                break;
+            }
+            drop_message(t, device, h.oldest, old)?;
+            h.oldest += 1;
+        }
+        t.put_head(device, &h)?;
+        if let Some(r) = t.route(device)? {
+            let seq = h.head;
+            cx.events.push(Event::Published(Delivery {
+                node: r.node,
+                conn: r.conn,
+                device: self.device,
+                seq,
+                payload: msg.payload,
+            }));
+        }
+        Ok(PublishReply::Published { seq: h.head, duplicate: false })
+    }
+}
+
+/// The device has every message up to `seq`: trim them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub device: String,
+    pub seq: u64,
+}
+
+impl Apply for Ack {
+    type Reply = u64;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+        let t = &mut *cx.tables;
+        let device = self.device.as_str();
+        let mut h = t.head(device)?.unwrap_or_default();
+        let upto = self.seq.min(h.head);
+        let mut trimmed = 0;
+        while h.oldest <= upto {
+            let old = t.message(device, h.oldest)?;
+            drop_message(t, device, h.oldest, old)?;
+            h.oldest += 1;
+            trimmed += 1;
+        }
+        if trimmed > 0 {
+            t.put_head(device, &h)?;
+        }
+        Ok(trimmed)
+    }
+}
+
+fn drop_message<T: Tables>(t: &mut T, device: &str, seq: u64, msg: Option<Message>) -> Result<(), T::Error> {
+    t.remove_message(device, seq)?;
+    if let Some(key) = msg.and_then(|m| m.key) {
+        t.remove_idempotent(device, &key)?;
+    }
+    Ok(())
+}

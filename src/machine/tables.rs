@@ -1,0 +1,112 @@
+//! The small table interface the rules run over. `store` implements it on a redb write
+//! transaction; [`mem::MemTables`] implements it on maps for the domain's own tests. The node
+//! leases, membership and cluster id are not tables: they live in [`super::State`], in memory.
+
+use super::stream::{Head, Message};
+use super::types::{Floor, NodeId, Route};
+
+/// Point reads and writes of one apply transaction. Errors are the backend's (I/O, decoding) and
+/// are fatal to the node; business refusals are replies, never errors.
+pub trait Tables {
+    type Error;
+
+    fn route(&self, device: &str) -> Result<Option<Route>, Self::Error>;
+    /// Stores the route and indexes it under its node.
+    fn put_route(&mut self, device: &str, route: &Route) -> Result<(), Self::Error>;
+    /// Deletes the device's route and its index entry under `node`.
+    fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), Self::Error>;
+    /// Devices whose route names `node`, in device order.
+    fn node_devices(&self, node: NodeId) -> Result<Vec<String>, Self::Error>;
+
+    fn floor(&self, device: &str) -> Result<Option<Floor>, Self::Error>;
+    fn put_floor(&mut self, device: &str, floor: &Floor) -> Result<(), Self::Error>;
+
+    fn head(&self, device: &str) -> Result<Option<Head>, Self::Error>;
+    fn put_head(&mut self, device: &str, head: &Head) -> Result<(), Self::Error>;
+    fn message(&self, device: &str, seq: u64) -> Result<Option<Message>, Self::Error>;
+    fn put_message(&mut self, device: &str, seq: u64, msg: &Message) -> Result<(), Self::Error>;
+    fn remove_message(&mut self, device: &str, seq: u64) -> Result<(), Self::Error>;
+
+    /// The seq an idempotency key of the device was given.
+    fn idempotent(&self, device: &str, key: &str) -> Result<Option<u64>, Self::Error>;
+    fn put_idempotent(&mut self, device: &str, key: &str, seq: u64) -> Result<(), Self::Error>;
+    fn remove_idempotent(&mut self, device: &str, key: &str) -> Result<(), Self::Error>;
+}
+
+/// In-memory tables: the reference backend for the domain's tests (and the model they compare
+/// the redb backend against).
+#[cfg(test)]
+pub mod mem {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::convert::Infallible;
+
+    use super::*;
+
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct MemTables {
+        pub routes: BTreeMap<String, Route>,
+        pub node_routes: BTreeSet<(NodeId, String)>,
+        pub floors: BTreeMap<String, Floor>,
+        pub heads: BTreeMap<String, Head>,
+        pub messages: BTreeMap<(String, u64), Message>,
+        pub idempotency: BTreeMap<(String, String), u64>,
+    }
+
+    impl Tables for MemTables {
+        type Error = Infallible;
+
+        fn route(&self, device: &str) -> Result<Option<Route>, Infallible> {
+            Ok(self.routes.get(device).cloned())
+        }
+        fn put_route(&mut self, device: &str, route: &Route) -> Result<(), Infallible> {
+            self.routes.insert(device.to_string(), route.clone());
+            self.node_routes.insert((route.node, device.to_string()));
+            Ok(())
+        }
+        fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), Infallible> {
+            self.routes.remove(device);
+            self.node_routes.remove(&(node, device.to_string()));
+            Ok(())
+        }
+        fn node_devices(&self, node: NodeId) -> Result<Vec<String>, Infallible> {
+            let from = (node, String::new());
+            Ok(self.node_routes.range(from..).take_while(|(n, _)| *n == node).map(|(_, d)| d.clone()).collect())
+        }
+        fn floor(&self, device: &str) -> Result<Option<Floor>, Infallible> {
+            Ok(self.floors.get(device).cloned())
+        }
+        fn put_floor(&mut self, device: &str, floor: &Floor) -> Result<(), Infallible> {
+            self.floors.insert(device.to_string(), floor.clone());
+            Ok(())
+        }
+        fn head(&self, device: &str) -> Result<Option<Head>, Infallible> {
+            Ok(self.heads.get(device).copied())
+        }
+        fn put_head(&mut self, device: &str, head: &Head) -> Result<(), Infallible> {
+            self.heads.insert(device.to_string(), *head);
+            Ok(())
+        }
+        fn message(&self, device: &str, seq: u64) -> Result<Option<Message>, Infallible> {
+            Ok(self.messages.get(&(device.to_string(), seq)).cloned())
+        }
+        fn put_message(&mut self, device: &str, seq: u64, msg: &Message) -> Result<(), Infallible> {
+            self.messages.insert((device.to_string(), seq), msg.clone());
+            Ok(())
+        }
+        fn remove_message(&mut self, device: &str, seq: u64) -> Result<(), Infallible> {
+            self.messages.remove(&(device.to_string(), seq));
+            Ok(())
+        }
+        fn idempotent(&self, device: &str, key: &str) -> Result<Option<u64>, Infallible> {
+            Ok(self.idempotency.get(&(device.to_string(), key.to_string())).copied())
+        }
+        fn put_idempotent(&mut self, device: &str, key: &str, seq: u64) -> Result<(), Infallible> {
+            self.idempotency.insert((device.to_string(), key.to_string()), seq);
+            Ok(())
+        }
+        fn remove_idempotent(&mut self, device: &str, key: &str) -> Result<(), Infallible> {
+            self.idempotency.remove(&(device.to_string(), key.to_string()));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! The receiving side of Raft RPC: decodes a request body in the project codec, hands it to the
+//! local Raft instance and encodes its answer (the remote `RaftError` included, so the sender's
+//! network maps it to `RPCError::RemoteError`). The cluster listener routes `/raft/*` here.
+
+use crate::codec::{decode, encode, CodecError};
+
+use super::types::Raft;
+
+/// Which Raft message a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpcKind {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// The body did not decode: answered 400.
+    #[error("undecodable request: {0}")]
+    BadRequest(CodecError),
+    #[error("cannot encode the reply: {0}")]
+    Encode(CodecError),
+}
+
+/// Runs one Raft RPC; the answer is the encoded `Result` openraft returned.
+pub async fn serve(raft: &Raft, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let reply = match kind {
+        RpcKind::Append => encode(&raft.append_entries(decode(body).map_err(RpcError::BadRequest)?).await),
+        RpcKind::Vote => encode(&raft.vote(decode(body).map_err(RpcError::BadRequest)?).await),
+        RpcKind::Snapshot => encode(&raft.install_snapshot(decode(body).map_err(RpcError::BadRequest)?).await),
+    };
+    reply.map_err(RpcError::Encode)
+}

@@ -1,0 +1,75 @@
+//! The `state.redb` schema: every table of the replicated state, and the ONE registry that
+//! opening, snapshot dump, snapshot install and clearing iterate. A table of the state that is
+//! not in [`STATE_TABLES`] would be lost on the first snapshot: `store::tests` fails if one is
+//! opened outside it.
+
+use redb::{Key, ReadTransaction, ReadableTable, TableDefinition, TableHandle, Value, WriteTransaction};
+
+use super::StoreError;
+
+/// device → route (codec).
+pub(super) const ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
+/// device → floor (codec).
+pub(super) const FLOORS: TableDefinition<&str, &[u8]> = TableDefinition::new("route_floor");
+/// (node, device) for every route, so a sweep deletes a node's routes without a full scan.
+pub(super) const NODE_ROUTES: TableDefinition<(u64, &str), ()> = TableDefinition::new("node_routes");
+/// node → lease (codec).
+pub(super) const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
+/// Cluster id, ring version and the Raft adapter's applied meta (codec).
+pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// (device, seq) → message (codec).
+pub(super) const STREAMS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("streams");
+/// device → stream head (codec).
+pub(super) const HEADS: TableDefinition<&str, &[u8]> = TableDefinition::new("stream_heads");
+/// (device, idempotency key) → seq.
+pub(super) const IDEMPOTENCY: TableDefinition<(&str, &str), u64> = TableDefinition::new("idempotency");
+
+/// Not state: the last built (or installed) snapshot, kept for followers that need it.
+pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+
+/// Every table of the replicated state. Open, dump, install and clear iterate this list.
+pub(super) static STATE_TABLES: [&dyn RawTable; 8] =
+    [&ROUTES, &FLOORS, &NODE_ROUTES, &NODES, &META, &STREAMS, &HEADS, &IDEMPOTENCY];
+
+/// A table's rows as redb's own key and value bytes, in key order.
+pub(super) type Rows = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A table handled by name and raw bytes, whatever its key and value types.
+pub(super) trait RawTable: Sync {
+    fn name(&self) -> &str;
+    /// Creates the table if it does not exist.
+    fn create(&self, txn: &WriteTransaction) -> Result<(), StoreError>;
+    fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError>;
+    /// Replaces every row with `rows`.
+    fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError>;
+}
+
+impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefinition<'static, K, V> {
+    fn name(&self) -> &str {
+        TableHandle::name(self)
+    }
+
+    fn create(&self, txn: &WriteTransaction) -> Result<(), StoreError> {
+        txn.open_table(*self)?;
+        Ok(())
+    }
+
+    fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError> {
+        let table = txn.open_table(*self)?;
+        let mut rows = Vec::new();
+        for row in table.iter()? {
+            let (k, v) = row?;
+            rows.push((K::as_bytes(&k.value()).as_ref().to_vec(), V::as_bytes(&v.value()).as_ref().to_vec()));
+        }
+        Ok(rows)
+    }
+
+    fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError> {
+        txn.delete_table(*self)?;
+        let mut table = txn.open_table(*self)?;
+        for (k, v) in rows {
+            table.insert(K::from_bytes(k), V::from_bytes(v))?;
+        }
+        Ok(())
+    }
+}
