@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use client_util::{config, ms, start};
 use common::{Cluster, SLACK};
 use gateway::client::device::{Event, FileStore, MemoryStore, StopReason};
+use gateway::protocol::ServerFrame;
 
 #[test]
 fn drain_moves_the_device_promptly_and_a_newer_instance_supersedes_it() {
@@ -40,7 +41,7 @@ fn drain_moves_the_device_promptly_and_a_newer_instance_supersedes_it() {
 
     c.sigterm(n1);
     let drained = Instant::now();
-    a.wait_for(SLACK, "goaway", |e| matches!(e, Event::Frame(v) if v["t"] == "goaway"));
+    a.wait_for(SLACK, "goaway", |e| matches!(e, Event::Frame(ServerFrame::Goaway { .. })));
     let (closed_at, e) = a.wait_for(SLACK, "close", |e| matches!(e, Event::Closed { .. }));
     assert!(matches!(e, Event::Closed { code: 1001, .. }), "drain closes with 1001: {e:?}");
     let (_, e) = a.wait_for(SLACK, "decision", |e| matches!(e, Event::Waiting { .. }));

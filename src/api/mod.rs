@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Refusal, Resp};
-use crate::cluster::Handle;
+use crate::cluster::{Handle, RpcKind};
 use crate::http::HttpClient;
 use crate::machine::NodeId;
 use crate::metrics::Metrics;
@@ -92,9 +92,9 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         return error(StatusCode::CONFLICT, "wrong_target", format!("this is node {me}, not {wanted}"));
     }
     match (&method, segments.as_slice()) {
-        (&Method::POST, ["raft", "append"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Append, &body).await,
-        (&Method::POST, ["raft", "vote"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Vote, &body).await,
-        (&Method::POST, ["raft", "snapshot"]) => raft_rpc::raft(api, crate::raft::rpc::RpcKind::Snapshot, &body).await,
+        (&Method::POST, ["raft", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
+        (&Method::POST, ["raft", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, &body).await,
+        (&Method::POST, ["raft", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, &body).await,
         (&Method::POST, ["cluster", "propose"]) => raft_rpc::propose(api, &body).await,
         (&Method::GET, ["cluster", "status"]) => admin::status(api),
         (&Method::GET, ["cluster", "identity"]) => admin::identity(api),

@@ -7,7 +7,7 @@ use hyper::{Response, StatusCode};
 
 use super::{error, Api};
 use crate::answer::Resp;
-use crate::raft::rpc::{RpcError, RpcKind};
+use crate::cluster::{RpcError, RpcKind};
 
 fn binary(bytes: Vec<u8>) -> Resp {
     Response::builder()

@@ -17,7 +17,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fastwebsockets::{Frame, OpCode, Payload};
-use serde_json::Value;
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +24,7 @@ use super::backoff::Backoff;
 use super::dial::{dial, Answer, Target, Ws};
 pub use super::policy::StopReason;
 use super::policy::{Outcome, Policy, Step};
-use crate::protocol::close;
+use crate::protocol::{close, ClientFrame, ServerFrame};
 
 /// How one device connects and backs off.
 #[derive(Debug, Clone)]
@@ -175,8 +174,12 @@ pub enum Event {
         code: u16,
         reason: String,
     },
-    /// A text frame (JSON; a non-JSON text arrives as a JSON string), `hello` included.
-    Frame(Value),
+    /// A frame from the server, `hello` included.
+    Frame(ServerFrame),
+    /// A text frame this client does not understand (not JSON, or a frame of a newer protocol).
+    BadFrame {
+        error: String,
+    },
     Stopped(StopReason),
 }
 
@@ -295,7 +298,7 @@ async fn session(
 ) -> Option<(u16, String, bool)> {
     let mut goaway = false;
     // Ask for everything after the cursor; then messages arrive in order, once each.
-    let sync = format!(r#"{{"t":"sync","after":{cursor}}}"#);
+    let sync = ClientFrame::Sync { after: *cursor }.to_json();
     if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(sync.into_bytes()))).await {
         return Some((1006, e.to_string(), goaway));
     }
@@ -321,19 +324,24 @@ async fn session(
         };
         match frame.opcode {
             OpCode::Text => {
-                let v = serde_json::from_slice::<Value>(&frame.payload)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&frame.payload).into_owned()));
-                goaway |= v["t"] == "goaway";
-                let seq = match v["t"].as_str() {
-                    Some("msg") => v["seq"].as_u64(),
+                let frame = match serde_json::from_slice::<ServerFrame>(&frame.payload) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        events(Event::BadFrame { error: e.to_string() });
+                        continue;
+                    }
+                };
+                goaway |= matches!(frame, ServerFrame::Goaway { .. });
+                let seq = match &frame {
+                    ServerFrame::Msg { seq, .. } => Some(*seq),
                     // Messages before `oldest` are gone: the application resyncs from its backend.
-                    Some("sync_gap") => v["oldest"].as_u64().map(|o| o.saturating_sub(1)),
+                    ServerFrame::SyncGap { oldest } => Some(oldest.saturating_sub(1)),
                     _ => None,
                 };
-                events(Event::Frame(v));
+                events(Event::Frame(frame));
                 if let Some(seq) = seq.filter(|s| *s > *cursor) {
                     *cursor = seq;
-                    let ack = format!(r#"{{"t":"ack","seq":{seq}}}"#);
+                    let ack = ClientFrame::Ack { seq }.to_json();
                     if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(ack.into_bytes()))).await {
                         return Some((1006, e.to_string(), goaway));
                     }

@@ -16,6 +16,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{timeout_at, Instant};
 
 use super::backoff::parse_retry_after;
+use crate::protocol::ServerFrame;
 
 /// An open device connection (fragmented messages are reassembled).
 pub type Ws = FragmentCollector<TokioIo<Upgraded>>;
@@ -102,7 +103,7 @@ pub struct Hello {
     pub node: String,
     pub conn: u64,
     pub route_version: u64,
-    pub frame: Value,
+    pub frame: ServerFrame,
 }
 
 /// What a node answered.
@@ -202,13 +203,11 @@ pub async fn dial(
     if frame.opcode != OpCode::Text {
         return Err(bad(format!("expected a text frame, got {:?}", frame.opcode)));
     }
-    let v: Value = serde_json::from_slice(&frame.payload).map_err(|e| bad(e.to_string()))?;
-    let (Some("hello"), Some(node), Some(conn), Some(route_version)) =
-        (v["t"].as_str(), v["node"].as_str(), v["conn"].as_u64(), v["route_version"].as_u64())
-    else {
-        return Err(bad(format!("the first frame is not a hello: {v}")));
+    let first: ServerFrame = serde_json::from_slice(&frame.payload).map_err(|e| bad(e.to_string()))?;
+    let ServerFrame::Hello { node, conn, route_version, .. } = &first else {
+        return Err(bad(format!("the first frame is not a hello: {first:?}")));
     };
-    let hello = Hello { node: node.to_string(), conn, route_version, frame: v.clone() };
+    let hello = Hello { node: node.clone(), conn: *conn, route_version: *route_version, frame: first.clone() };
     Ok(Answer::Open(Box::new(ws), hello))
 }
 

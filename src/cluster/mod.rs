@@ -21,7 +21,8 @@ use crate::machine::{
     Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
     PublishReply, Release, ReleaseNode, Renew, Reply, Route, StreamRead, Sweep, Swept,
 };
-use crate::raft::rpc::{self, RpcError, RpcKind};
+use crate::raft::rpc;
+pub use crate::raft::rpc::{RpcError, RpcKind};
 use crate::raft::types::Raft;
 use crate::store::state::StateDb;
 use crate::view::ClusterView;

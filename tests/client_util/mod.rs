@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gateway::client::device::{AttemptStore, Device, DeviceConfig, Event, StopReason};
+use gateway::protocol::ServerFrame;
 use tokio_util::sync::CancellationToken;
 
 fn rt() -> &'static tokio::runtime::Runtime {
@@ -110,7 +111,7 @@ pub fn received(r: &mut Running) -> Vec<(u64, serde_json::Value)> {
     r.log
         .iter()
         .filter_map(|(_, e)| match e {
-            Event::Frame(v) if v["t"] == "msg" => Some((v["seq"].as_u64().unwrap(), v["payload"].clone())),
+            Event::Frame(ServerFrame::Msg { seq, payload }) => Some((*seq, payload.clone())),
             _ => None,
         })
         .collect()

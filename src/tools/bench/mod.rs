@@ -217,7 +217,7 @@ impl Recorder {
             }
             Event::Stopped(StopReason::Shutdown) => return,
             Event::Stopped(r) => Kind::Outcome(format!("stopped ({r:?})")),
-            Event::StoreFailed { .. } | Event::Waiting { .. } | Event::Frame(_) => return,
+            Event::StoreFailed { .. } | Event::Waiting { .. } | Event::Frame(_) | Event::BadFrame { .. } => return,
         };
         if kind.is_error() {
             self.failures.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,206 @@
+//! Tidy: the architecture invariants of `src/lib.rs`, checked on the source text (as
+//! rust-analyzer's tidy test does). Each module may name only the crate modules its row allows,
+//! the domain core and the pure modules name no runtime crate and read no clock, the edges never
+//! build a raw command or match the crate-wide reply, and no file grows past 600 lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Crates that do I/O, spawn, or speak a wire or storage format.
+const RUNTIME: &[&str] =
+    &["tokio", "tokio_util", "hyper", "hyper_util", "http_body_util", "openraft", "redb", "fastwebsockets"];
+/// Server modules the tools, the client and the edges must keep away from.
+const SERVER: &[&str] = &["node", "ws", "api", "cluster", "raft", "store"];
+
+/// Which crate modules each module may name (`crate::<module>`). `None`: anything.
+fn allowed(module: &str) -> Option<&'static [&'static str]> {
+    Some(match module {
+        // Pure leaves and the domain core.
+        "machine" | "ring" | "codec" | "config" | "protocol" | "clock" | "secrets" | "token" | "http" | "metrics"
+        | "server" => &[],
+        "view" => &["machine", "ring"],
+        "wire" => &["config", "machine"],
+        "answer" => &["cluster", "machine"],
+        // The redb schema knows the domain's values, not openraft.
+        "store" => &["machine", "codec"],
+        // openraft adapters: under the port, never above it.
+        "raft" => &["store", "machine", "view", "codec", "http", "metrics"],
+        "cluster" => &["raft", "store", "machine", "view", "codec", "config", "http", "metrics", "clock", "wire"],
+        // The edges see the cluster through the port only.
+        "ws" => &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server"],
+        "api" => &["cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server"],
+        "client" => &["protocol"],
+        "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],
+        "cli" => &["config", "tools"],
+        "node" | "lib" | "main" => return None,
+        other => panic!("src/{other}: a module tidy.rs does not know: give it a row in `allowed`"),
+    })
+}
+
+/// Modules that must not name a runtime crate or read a clock.
+const PURE: &[&str] = &["machine", "ring", "view", "codec", "config", "protocol"];
+
+struct File {
+    path: PathBuf,
+    module: String,
+    /// The source without comment lines.
+    code: Vec<(usize, String)>,
+    lines: usize,
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn sources() -> Vec<File> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    files(&src, &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|path| {
+            let rel = path.strip_prefix(&src).unwrap();
+            let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+            let module = first.trim_end_matches(".rs").to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim_start().starts_with("//"))
+                .map(|(i, l)| (i + 1, l.to_string()))
+                .collect();
+            File { path: rel.to_path_buf(), module, code, lines: text.lines().count() }
+        })
+        .collect()
+}
+
+/// Every `<prefix><ident>` in `line`, where the prefix starts at a word boundary.
+fn after<'a>(line: &'a str, prefix: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = line[from..].find(prefix).map(|i| i + from) {
+        let boundary = line[..at].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        let rest = &line[at + prefix.len()..];
+        let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
+        if boundary && end > 0 {
+            out.push(&rest[..end]);
+        }
+        from = at + prefix.len();
+    }
+    out
+}
+
+/// Whether `line` names the path `word::` at a word boundary (e.g. `tokio::`, `Command::`).
+fn names(line: &str, word: &str) -> bool {
+    !after(line, &format!("{word}::")).is_empty() || line.contains(&format!("use {word};"))
+}
+
+/// Whether `word` occurs in `line` with no identifier character on either side.
+fn whole_word(line: &str, word: &str) -> bool {
+    line.match_indices(word).any(|(at, _)| {
+        let ident = |c: char| c.is_alphanumeric() || c == '_';
+        line[..at].chars().next_back().is_none_or(|c| !ident(c))
+            && line[at + word.len()..].chars().next().is_none_or(|c| !ident(c))
+    })
+}
+
+#[test]
+fn modules_name_only_what_their_row_allows() {
+    let mut broken = BTreeMap::<String, BTreeSet<String>>::new();
+    for f in sources() {
+        let Some(ok) = allowed(&f.module) else { continue };
+        for (n, line) in &f.code {
+            for used in after(line, "crate::") {
+                if used != f.module && !ok.contains(&used) {
+                    broken
+                        .entry(format!("src/{} ({})", f.path.display(), f.module))
+                        .or_default()
+                        .insert(format!("{n}: crate::{used}"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "modules naming what lib.rs's invariants forbid: {broken:#?}");
+}
+
+#[test]
+fn the_domain_core_and_pure_modules_use_no_runtime_crate_and_no_clock() {
+    let mut broken = Vec::new();
+    for f in sources().iter().filter(|f| PURE.contains(&f.module.as_str())) {
+        for (n, line) in &f.code {
+            let runtime = RUNTIME.iter().filter(|c| names(line, c));
+            let clock = ["SystemTime", "Instant"].into_iter().filter(|c| line.contains(c));
+            for what in runtime.copied().chain(clock) {
+                broken.push(format!("src/{}:{n}: {what}", f.path.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "pure modules touching a runtime crate or a clock: {broken:#?}");
+}
+
+#[test]
+fn the_edges_never_build_a_raw_command_or_match_the_crate_wide_reply() {
+    let edge = |f: &File| {
+        matches!(f.module.as_str(), "ws" | "api" | "answer")
+            || f.path.ends_with("node/duties.rs")
+            || f.path.ends_with("node/lifecycle.rs")
+    };
+    let mut broken = Vec::new();
+    for f in sources().iter().filter(|f| edge(f)) {
+        for (n, line) in &f.code {
+            let raw = ["Command", "Reply", "openraft", "redb"].into_iter().filter(|w| names(line, w));
+            let behind_the_port = ["Proposer", "proposer", "StateDb"].into_iter().filter(|w| whole_word(line, w));
+            for what in raw.chain(behind_the_port) {
+                broken.push(format!("src/{}:{n}: {what}", f.path.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "the edges reach past the cluster port: {broken:#?}");
+}
+
+#[test]
+fn client_and_tools_import_no_server_module() {
+    let mut broken = Vec::new();
+    for f in sources().iter().filter(|f| f.module == "client" || f.module == "tools") {
+        for (n, line) in &f.code {
+            for used in after(line, "crate::").into_iter().filter(|m| SERVER.contains(m)) {
+                broken.push(format!("src/{}:{n}: crate::{used}", f.path.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "the client or a tool imports the server: {broken:#?}");
+}
+
+#[test]
+fn no_file_over_600_lines() {
+    let long: Vec<String> = sources()
+        .iter()
+        .filter(|f| f.lines > 600)
+        .map(|f| format!("src/{} ({} lines)", f.path.display(), f.lines))
+        .collect();
+    assert!(long.is_empty(), "split these by concept: {long:?}");
+}
+
+#[test]
+fn the_checks_see_what_they_look_for() {
+    // The scanner itself: word boundaries, and a path's first segment.
+    assert_eq!(after("use crate::store::state::StateDb;", "crate::"), ["store"]);
+    assert_eq!(after("x = crate::machine::Claim { .. }; y: mycrate::ws", "crate::"), ["machine"]);
+    assert!(names("let c = Command::Claim(claim);", "Command"));
+    assert!(!names("Ok(ClaimReply::Stale { .. })", "Reply"));
+    assert!(names("use tokio::sync::watch;", "tokio"));
+    assert!(!names("use tokio_util::task::TaskTracker;", "tokio"));
+    assert!(whole_word("proposer: Proposer,", "Proposer") && !whole_word("RaftMetrics", "Raft"));
+    // Every module of the crate has a row (this panics on one that does not).
+    for f in sources() {
+        allowed(&f.module);
+    }
+}
