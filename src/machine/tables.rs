@@ -1,5 +1,5 @@
 //! The small table interface the rules run over. `store` implements it on a redb write
-//! transaction; [`mem::MemTables`] implements it on maps for the domain's own tests. The node
+//! transaction; `mem::MemTables` implements it on maps for the domain's own tests. The node
 //! leases, membership and cluster id are not tables: they live in [`super::State`], in memory.
 
 use super::stream::{Head, Message};

@@ -1,5 +1,5 @@
 //! The redb schema and nothing else: `log.redb` (Raft log + vote) and `state.redb` (the applied
-//! state machine's tables, listed once in [`schema`]). Two files because redb allows one writer
+//! state machine's tables, listed once in `schema`). Two files because redb allows one writer
 //! per database. Knows the domain's value types, not openraft; callers run every function here on
 //! the blocking pool.
 

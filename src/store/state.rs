@@ -1,4 +1,4 @@
-//! `state.redb`: the applied state machine's tables (see [`super::schema`]). Applies commit
+//! `state.redb`: the applied state machine's tables (see `store::schema`). Applies commit
 //! without fsync, with the Raft adapter's applied meta in the same transaction, so a crash replays
 //! from the log; building or installing a snapshot commits durably, so the state on disk is never
 //! behind a purged log. Callers run every function here on the blocking pool.
