@@ -61,7 +61,7 @@ impl ClusterView {
 }
 
 /// Names of members whose applied lease state is live, sorted (the ring's input).
-pub fn live_names(state: &State) -> Vec<String> {
+fn live_names(state: &State) -> Vec<String> {
     let mut names: Vec<String> =
         state.live_set().iter().filter_map(|id| state.members.get(id)).map(|m| m.name.clone()).collect();
     names.sort();
