@@ -1,7 +1,7 @@
 //! HTTP answers, and the ONE mapping from what a write answered — a typed reply or a
 //! [`ProposeError`] — to status, `{"error": "<reason>", ...}` body and `Retry-After`. The device
 //! handshake and the cluster listener's API both answer through here, so a refusal reads the
-//! same wherever it comes from. Bodies never echo client input.
+//! same wherever it comes from. Reasons are fixed strings; messages name no client input.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -70,13 +70,12 @@ impl Refusal {
     }
 }
 
-/// A write that did not get a reply. Retryable but for `Rejected` (the write may still commit:
-/// claims are released by their caller, publishes retried with the same `Idempotency-Key`).
+/// A write that did not get a reply: `503 unavailable` + `Retry-After`, whatever the cause (no
+/// leader, timeout, a failed forward, Raft refusing or stopped), so a client moves on or retries.
+/// The write may still commit: claims are released by their caller, publishes are retried with
+/// the same `Idempotency-Key`.
 pub fn write_error(e: &ProposeError) -> Refusal {
-    match e {
-        ProposeError::Rejected(_) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, "rejected").message(e),
-        _ => Refusal::unavailable("unavailable").message(e),
-    }
+    Refusal::unavailable("unavailable").message(e)
 }
 
 /// An accepted claim.
@@ -141,8 +140,11 @@ mod tests {
             (timeout.status, timeout.reason, timeout.retry_after),
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Some(1))
         );
-        let rejected = claim(Err(ProposeError::Rejected("x".into()))).unwrap_err();
-        assert_eq!((rejected.status, rejected.reason), (StatusCode::INTERNAL_SERVER_ERROR, "rejected"));
+        let rejected = claim(Err(ProposeError::Rejected("raft stopped".into()))).unwrap_err();
+        assert_eq!(
+            (rejected.status, rejected.reason, rejected.retry_after),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Some(1))
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub struct Metrics {
     /// Commands handed to the Raft log by this node's proposer, and the entries that carried them.
     pub proposed_commands: Counter,
     pub proposed_batches: Counter,
-    /// Claims by result (`accepted`, `stale`, `node_not_live`, `error`).
+    /// Claims by result (`accepted`, `stale`, `not_live`, `error`).
     pub claims: Family<ResultLabel, Counter>,
     /// Snapshots this node built from its state, and snapshots it installed from a leader.
     pub snapshots_built: Counter,

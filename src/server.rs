@@ -59,7 +59,11 @@ pub async fn serve<H, Fut>(
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
-                _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+                _ = stop.cancelled() => {
+                    // Finish the request in flight (idle keep-alive connections close at once).
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
             }
         };
         conns.spawn(serving.instrument(span));

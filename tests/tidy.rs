@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 /// Crates that do I/O, spawn, or speak a wire or storage format.
 const RUNTIME: &[&str] =
     &["tokio", "tokio_util", "hyper", "hyper_util", "http_body_util", "openraft", "redb", "fastwebsockets"];
+/// What else a pure module must not touch: randomness, logging, the OS.
+const IMPURE: &[&str] = &["rand", "tracing", "std::fs", "std::net", "std::thread", "std::env", "std::process"];
 /// Server modules the tools, the client and the edges must keep away from.
 const SERVER: &[&str] = &["node", "ws", "api", "cluster", "raft", "store"];
 
@@ -32,20 +34,39 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         "client" => &["protocol"],
         "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],
         "cli" => &["config", "tools"],
+        // The node's duties and lifecycle decide through the port too.
+        "node/duties" | "node/lifecycle" => {
+            &["cluster", "machine", "view", "ws", "config", "metrics", "clock", "protocol", "http", "tools"]
+        }
         "node" | "lib" | "main" => return None,
         other => panic!("src/{other}: a module tidy.rs does not know: give it a row in `allowed`"),
     })
 }
 
-/// Modules that must not name a runtime crate or read a clock.
-const PURE: &[&str] = &["machine", "ring", "view", "codec", "config", "protocol"];
+/// Modules that must not name a runtime crate, do I/O, draw randomness or read a clock.
+const PURE: &[&str] = &["machine", "ring", "view", "codec", "protocol"];
 
 struct File {
     path: PathBuf,
+    /// The top-level module (`ws`, `machine`, …), or `node/duties` and `node/lifecycle`.
     module: String,
     /// The source without comment lines.
     code: Vec<(usize, String)>,
     lines: usize,
+}
+
+impl File {
+    /// The code as one text (line breaks kept), and the line of a byte offset in it.
+    fn text(&self) -> (String, Vec<usize>) {
+        let mut text = String::new();
+        let mut line_of = Vec::new();
+        for (n, line) in &self.code {
+            text.push_str(line);
+            text.push('\n');
+            line_of.resize(text.len(), *n);
+        }
+        (text, line_of)
+    }
 }
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -69,7 +90,10 @@ fn sources() -> Vec<File> {
         .map(|path| {
             let rel = path.strip_prefix(&src).unwrap();
             let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
-            let module = first.trim_end_matches(".rs").to_string();
+            let mut module = first.trim_end_matches(".rs").to_string();
+            if rel == Path::new("node/duties.rs") || rel == Path::new("node/lifecycle.rs") {
+                module = rel.with_extension("").to_string_lossy().into_owned();
+            }
             let text = std::fs::read_to_string(&path).unwrap();
             let code = text
                 .lines()
@@ -98,6 +122,47 @@ fn after<'a>(line: &'a str, prefix: &str) -> Vec<&'a str> {
     out
 }
 
+/// The crate modules `text` names, with the byte offset of each: `crate::a::…` and every first
+/// segment of a group `crate::{a::…, b, c::{…}}` (over line breaks too).
+fn crate_modules(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("crate::") {
+        let boundary = text[..at].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        if !boundary {
+            continue;
+        }
+        let rest = &text[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level items of the group: split at commas outside nested braces.
+            let (mut depth, mut start) = (0usize, 0usize);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.extend(first_segment(&group[start..i]).map(|m| (at, m)));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.extend(first_segment(&group[start..i]).map(|m| (at, m)));
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.extend(first_segment(rest).map(|m| (at, m)));
+        }
+    }
+    out
+}
+
+fn first_segment(path: &str) -> Option<String> {
+    let path = path.trim_start();
+    let end = path.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(path.len());
+    (end > 0 && path[..end] != *"self").then(|| path[..end].to_string())
+}
+
 /// Whether `line` names the path `word::` at a word boundary (e.g. `tokio::`, `Command::`).
 fn names(line: &str, word: &str) -> bool {
     !after(line, &format!("{word}::")).is_empty() || line.contains(&format!("use {word};"))
@@ -117,14 +182,12 @@ fn modules_name_only_what_their_row_allows() {
     let mut broken = BTreeMap::<String, BTreeSet<String>>::new();
     for f in sources() {
         let Some(ok) = allowed(&f.module) else { continue };
-        for (n, line) in &f.code {
-            for used in after(line, "crate::") {
-                if used != f.module && !ok.contains(&used) {
-                    broken
-                        .entry(format!("src/{} ({})", f.path.display(), f.module))
-                        .or_default()
-                        .insert(format!("{n}: crate::{used}"));
-                }
+        let own = f.module.split('/').next().unwrap();
+        let (text, line_of) = f.text();
+        for (at, used) in crate_modules(&text) {
+            if used != own && !ok.contains(&used.as_str()) {
+                let place = format!("src/{} ({})", f.path.display(), f.module);
+                broken.entry(place).or_default().insert(format!("{}: crate::{used}", line_of[at]));
             }
         }
     }
@@ -136,7 +199,7 @@ fn the_domain_core_and_pure_modules_use_no_runtime_crate_and_no_clock() {
     let mut broken = Vec::new();
     for f in sources().iter().filter(|f| PURE.contains(&f.module.as_str())) {
         for (n, line) in &f.code {
-            let runtime = RUNTIME.iter().filter(|c| names(line, c));
+            let runtime = RUNTIME.iter().chain(IMPURE).filter(|c| names(line, c));
             let clock = ["SystemTime", "Instant"].into_iter().filter(|c| line.contains(c));
             for what in runtime.copied().chain(clock) {
                 broken.push(format!("src/{}:{n}: {what}", f.path.display()));
@@ -179,6 +242,32 @@ fn client_and_tools_import_no_server_module() {
     assert!(broken.is_empty(), "the client or a tool imports the server: {broken:#?}");
 }
 
+/// Every task a node spawns is tracked (its `TaskTracker`) so shutdown can wait for it; the one
+/// bare spawn is a session's reader, owned by the session, which awaits or aborts it.
+#[test]
+fn server_tasks_are_spawned_on_a_tracker() {
+    let server = ["node", "ws", "api", "cluster", "raft", "store", "server", "node/duties", "node/lifecycle"];
+    let mut broken = Vec::new();
+    for f in sources().iter().filter(|f| server.contains(&f.module.as_str())) {
+        if f.path.ends_with("ws/session.rs") {
+            continue;
+        }
+        for (n, line) in &f.code {
+            if line.contains("tokio::spawn(") || line.contains("thread::spawn(") {
+                broken.push(format!("src/{}:{n}", f.path.display()));
+            }
+        }
+    }
+    // Test modules may spawn freely: only count lines before a file's `mod tests`.
+    broken.retain(|place| {
+        let (path, n) = place.rsplit_once(':').unwrap();
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
+        let tests_at = text.lines().position(|l| l.starts_with("mod tests") || l.starts_with("#[cfg(test)]"));
+        tests_at.is_none_or(|t| n.parse::<usize>().unwrap() <= t)
+    });
+    assert!(broken.is_empty(), "untracked spawns (use the node's TaskTracker): {broken:?}");
+}
+
 #[test]
 fn no_file_over_600_lines() {
     let long: Vec<String> = sources()
@@ -199,6 +288,9 @@ fn the_checks_see_what_they_look_for() {
     assert!(names("use tokio::sync::watch;", "tokio"));
     assert!(!names("use tokio_util::task::TaskTracker;", "tokio"));
     assert!(whole_word("proposer: Proposer,", "Proposer") && !whole_word("RaftMetrics", "Raft"));
+    let grouped = "use crate::{\n    store::state::StateDb,\n    machine::{Claim, Route}, self,\n};";
+    let found: Vec<String> = crate_modules(grouped).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(found, ["store", "machine"]);
     // Every module of the crate has a row (this panics on one that does not).
     for f in sources() {
         allowed(&f.module);

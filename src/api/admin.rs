@@ -227,7 +227,7 @@ pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
     let label = match &reply {
         Ok(ClaimReply::Accepted { .. }) => "accepted",
         Ok(ClaimReply::Stale { .. }) => "stale",
-        Ok(ClaimReply::NodeNotLive) => "node_not_live",
+        Ok(ClaimReply::NodeNotLive) => "not_live",
         Err(_) => "error",
     };
     api.metrics.claims.get_or_create(&ResultLabel { result: label }).inc();

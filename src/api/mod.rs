@@ -95,7 +95,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["raft", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
         (&Method::POST, ["raft", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, &body).await,
         (&Method::POST, ["raft", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, &body).await,
-        (&Method::POST, ["cluster", "propose"]) => raft_rpc::propose(api, &body).await,
+        (&Method::POST, ["cluster", "propose", "v2"]) => raft_rpc::propose(api, &body).await,
         (&Method::GET, ["cluster", "status"]) => admin::status(api),
         (&Method::GET, ["cluster", "identity"]) => admin::identity(api),
         (&Method::POST, ["cluster", "join"]) => admin::join(api, &path, &body).await,

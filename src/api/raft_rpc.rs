@@ -30,6 +30,7 @@ pub async fn raft(api: &Api, kind: RpcKind, body: &[u8]) -> Resp {
 pub async fn propose(api: &Api, body: &[u8]) -> Resp {
     match api.cluster.propose_forwarded(body).await {
         Ok(replies) => binary(replies),
-        Err(e) => error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e @ RpcError::BadRequest(_)) => error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e @ RpcError::Encode(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, "encode", e),
     }
 }

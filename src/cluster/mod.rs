@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::codec::{decode, encode, CodecError};
+use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
     Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
@@ -180,11 +180,11 @@ impl Handle {
         self.write(Init { cluster_id }).await
     }
 
-    /// Commands a follower forwarded (`POST /cluster/propose`, project codec): they join this
-    /// node's next batches; the encoded replies come back in order.
-    pub async fn propose_forwarded(&self, body: &[u8]) -> Result<Vec<u8>, CodecError> {
-        let cmds: Vec<Command> = decode(body)?;
-        encode(&self.inner.proposer.propose_forwarded(cmds).await)
+    /// Commands a follower forwarded (`POST` [`proposer::FORWARD_PATH`], project codec): they
+    /// join this node's next batches; the encoded replies come back in order.
+    pub async fn propose_forwarded(&self, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+        let cmds: Vec<Command> = decode(body).map_err(RpcError::BadRequest)?;
+        encode(&self.inner.proposer.propose_forwarded(cmds).await).map_err(RpcError::Encode)
     }
 
     /// A device's route and floor, as applied here.
@@ -233,9 +233,11 @@ impl Handle {
         membership::remove(&self.inner.raft, id, self.inner.timing.max_voters, self.op_timeout()).await
     }
 
-    /// Leader only: finishes a joint configuration a previous leader left; whether there was one.
+    /// Leader only: finishes a joint configuration a previous leader left, within the propose
+    /// timeout (a new leader's first sweep waits for it); whether there was one.
     pub async fn finish_joint(&self) -> Result<bool, MembershipError> {
-        membership::finish_joint(&self.inner.raft, self.op_timeout()).await
+        let timeout = Duration::from_millis(self.inner.timing.propose_timeout_ms);
+        membership::finish_joint(&self.inner.raft, timeout).await
     }
 
     /// How long a membership change may take (an election included).

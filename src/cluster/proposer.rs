@@ -2,7 +2,7 @@
 //! `client_write`, so one entry per write would mean one fsync per write. The proposer folds every
 //! command that queued while the previous entry committed into one `Request` (bounded, no fixed
 //! linger) and hands each caller its own reply. On a follower the batch is forwarded to the
-//! leader's `/cluster/propose`, where the leader's proposer batches it again and stamps time.
+//! leader's `/cluster/propose/v2`, where the leader's proposer batches it again and stamps time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +19,11 @@ use crate::http::HttpClient;
 use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
 use crate::raft::types::{Raft, Request};
+
+/// Where followers forward writes to the leader. Versioned: the reply layout changed with the
+/// per-command replies (`machine::Reply`), and a node of another layout must answer 404 (a
+/// forward error, retried) rather than be misread.
+pub const FORWARD_PATH: &str = "/cluster/propose/v2";
 
 /// Most commands folded into one log entry.
 pub const MAX_BATCH: usize = 1024;
@@ -236,7 +241,7 @@ async fn forward(http: Arc<HttpClient>, leader: String, batch: Vec<Pending>, tim
     let result = async {
         let body = encode(&cmds).map_err(|e| ProposeError::Forward(e.to_string()))?;
         let (status, bytes) = http
-            .post_bin(&leader, "/cluster/propose", body, timeout)
+            .post_bin(&leader, FORWARD_PATH, body, timeout)
             .await
             .map_err(|e| ProposeError::Forward(e.to_string()))?;
         if !status.is_success() {

@@ -29,7 +29,7 @@ pub use types::{Floor, LeaseState, Member, NodeId, NodeLease, Route, Superseded}
 
 /// The small part of the state every node needs on every decision, kept in memory (the big
 /// tables — routes, floors, streams — stay behind [`Tables`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     pub cluster_id: Option<String>,
     /// Log index of the last change to the live set.

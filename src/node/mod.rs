@@ -88,8 +88,9 @@ pub struct Node {
     drain_requested: CancellationToken,
 }
 
-/// Opens the data dir, the stores and Raft, binds both listeners and wires the handle, the
-/// device gate and the API. Nothing runs until [`Node::run`].
+/// Opens the data dir, the stores and Raft (which starts its own tasks, as does the proposer),
+/// binds both listeners and wires the handle, the device gate and the API. Listeners, duties and
+/// sessions start in [`Node::run`].
 pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let (ident, fresh) = identity::load_or_create(&cfg.data_dir, cfg.name.as_deref())?;

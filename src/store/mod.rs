@@ -18,6 +18,9 @@ pub enum StoreError {
     Codec(#[from] CodecError),
     #[error("{0}")]
     Corrupt(String),
+    /// A file written in a layout this build does not read.
+    #[error("{0}")]
+    Incompatible(String),
 }
 
 macro_rules! from_redb {

@@ -31,7 +31,9 @@ pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("
 pub(super) static STATE_TABLES: [&dyn RawTable; 8] =
     [&ROUTES, &FLOORS, &NODE_ROUTES, &NODES, &META, &STREAMS, &HEADS, &IDEMPOTENCY];
 
-/// A table's rows as redb's own key and value bytes, in key order.
+/// A table's rows as redb's own key and value bytes, in key order. Snapshots carry these: their
+/// layout is redb's fixed-width/length-prefixed encoding of the key and value types above (stable
+/// within redb's file format), the values themselves being codec-versioned bytes.
 pub(super) type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// A table handled by name and raw bytes, whatever its key and value types.

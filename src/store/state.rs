@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, WriteTransaction};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
@@ -17,6 +17,11 @@ use super::StoreError;
 use crate::codec::{decode, encode};
 use crate::machine::{Floor, Head, Message, NodeId, Route, State, StreamRead, Tables};
 
+/// The layout of this file, written when it is created: a file of another layout is refused
+/// with a clear error, never misread. 2: the table registry (`store::schema`) and the adapter's
+/// applied meta under one key.
+const FORMAT: &str = "format";
+pub const STATE_FORMAT: u32 = 2;
 const RING_VERSION: &str = "ring_version";
 const CLUSTER_ID: &str = "cluster_id";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
@@ -50,14 +55,34 @@ pub struct StateDb {
 }
 
 impl StateDb {
-    /// Opens (or creates) `state.redb` in `dir` and creates every table once.
+    /// Opens (or creates) `state.redb` in `dir` and creates every table once. A file written in
+    /// another layout is refused (see [`STATE_FORMAT`]).
     pub fn open(dir: &Path) -> Result<(StateDb, Loaded), StoreError> {
-        let db = Database::create(dir.join("state.redb"))?;
+        let path = dir.join("state.redb");
+        let db = Database::create(&path)?;
         let txn = db.begin_write()?;
         for t in STATE_TABLES {
             t.create(&txn)?;
         }
         txn.open_table(SNAPSHOT)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let format: Option<u32> = get(&meta, FORMAT)?;
+            match format {
+                Some(STATE_FORMAT) => {}
+                None if meta.is_empty()? => {
+                    meta.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
+                }
+                found => {
+                    let found = found.map_or_else(|| "an older one".to_string(), |f| f.to_string());
+                    return Err(StoreError::Incompatible(format!(
+                        "{} is in layout {found}, this build reads layout {STATE_FORMAT}: start this node with a \
+                         fresh data dir (remove the old identity with `gateway leave`, then join the new one)",
+                        path.display()
+                    )));
+                }
+            }
+        }
         txn.commit()?;
         let db = StateDb { db: Arc::new(db) };
         let loaded = db.load()?;
@@ -68,17 +93,19 @@ impl StateDb {
         let txn = self.db.begin_read()?;
         let meta = txn.open_table(META)?;
         let get = |k: &str| -> Result<Option<Vec<u8>>, StoreError> { Ok(meta.get(k)?.map(|v| v.value().to_vec())) };
-        let mut state = State::default();
-        if let Some(b) = get(RING_VERSION)? {
-            state.ring_version = decode(&b)?;
-        }
-        if let Some(b) = get(CLUSTER_ID)? {
-            state.cluster_id = decode(&b)?;
-        }
+        let mut nodes = BTreeMap::new();
         for row in txn.open_table(NODES)?.iter()? {
             let (k, v) = row?;
-            state.nodes.insert(k.value(), decode(v.value())?);
+            nodes.insert(k.value(), decode(v.value())?);
         }
+        let state = State {
+            cluster_id: get(CLUSTER_ID)?.map(|b| decode(&b)).transpose()?.flatten(),
+            ring_version: get(RING_VERSION)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
+            // The adapter restores the membership from `applied`.
+            members: BTreeMap::new(),
+            voters: Default::default(),
+            nodes,
+        };
         Ok(Loaded { state, applied: get(APPLIED)? })
     }
 
@@ -139,7 +166,9 @@ impl StateDb {
             if !STATE_TABLES.iter().any(|t| t.name() == name) {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?}, unknown to this build")));
             }
-            tables.insert(name, rows);
+            if tables.insert(name, rows).is_some() {
+                return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?} twice")));
+            }
         }
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
@@ -222,16 +251,19 @@ impl<'t> StateTxn<'t> {
     /// Persists what the applies changed in memory (`before` → `after`: lease rows, cluster id,
     /// ring version) and the adapter's applied meta, in this transaction.
     pub fn save(&mut self, before: &State, after: &State, applied: &[u8]) -> Result<(), StoreError> {
-        for (id, lease) in &after.nodes {
+        // Every field named, so that a new one cannot be forgotten here (or in `load`). The
+        // membership is persisted by the adapter, in `applied`.
+        let State { cluster_id, ring_version, members: _, voters: _, nodes } = after;
+        for (id, lease) in nodes {
             if before.nodes.get(id) != Some(lease) {
                 self.nodes.insert(*id, encode(lease)?.as_slice())?;
             }
         }
-        for id in before.nodes.keys().filter(|id| !after.nodes.contains_key(id)) {
+        for id in before.nodes.keys().filter(|id| !nodes.contains_key(id)) {
             self.nodes.remove(*id)?;
         }
-        self.meta.insert(RING_VERSION, encode(&after.ring_version)?.as_slice())?;
-        self.meta.insert(CLUSTER_ID, encode(&after.cluster_id)?.as_slice())?;
+        self.meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
+        self.meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
         self.meta.insert(APPLIED, applied)?;
         Ok(())
     }

@@ -144,6 +144,7 @@ fn every_table_is_registered_and_survives_a_snapshot() {
         let name = table.name().to_string();
         assert!(name == SNAPSHOT.name() || names.contains(&name), "table {name:?} is not in schema::STATE_TABLES");
     }
+    assert_eq!(txn.list_multimap_tables().unwrap().count(), 0, "a multimap table is not snapshotted");
     drop(txn);
     let before = rows(&sm.b.db);
     for (name, rows) in &before {
@@ -154,21 +155,51 @@ fn every_table_is_registered_and_survives_a_snapshot() {
     assert_eq!(copy.state, sm.state);
     let copy = copy.reopen();
     assert_eq!(rows(&copy.b.db), before);
+    assert_eq!(copy.state, sm.state);
+}
+
+/// A file in another layout is refused with an error that says what to do, never misread.
+#[test]
+fn a_state_file_of_another_layout_is_refused() {
+    use super::schema::META;
+    let write_meta = |key: &str, value: &[u8]| {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("state.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert(key, value).unwrap();
+        txn.commit().unwrap();
+        dir
+    };
+    // The layout before the table registry: no format key, `last_applied` in the meta.
+    let old = write_meta("last_applied", &encode(&None::<u64>).unwrap());
+    let err = StateDb::open(old.path()).err().expect("an old layout is refused").to_string();
+    assert!(err.contains("an older one") && err.contains("fresh data dir"), "{err}");
+    let newer = write_meta("format", &encode(&(super::state::STATE_FORMAT + 1)).unwrap());
+    let err = StateDb::open(newer.path()).err().expect("a newer layout is refused").to_string();
+    assert!(err.contains(&format!("layout {}", super::state::STATE_FORMAT + 1)), "{err}");
+    // A fresh file gets the format, and opens again.
+    let fresh = tempfile::tempdir().unwrap();
+    drop(StateDb::open(fresh.path()).unwrap());
+    StateDb::open(fresh.path()).unwrap();
 }
 
 #[test]
-fn install_refuses_a_snapshot_with_an_unknown_table() {
-    let sm = populated();
-    let mut tables: Vec<(String, Rows)> = rows(&sm.b.db).into_iter().collect();
-    tables.push(("from_a_newer_build".into(), vec![(b"k".to_vec(), b"v".to_vec())]));
+fn install_refuses_a_snapshot_with_an_unknown_or_repeated_table() {
     #[derive(serde::Serialize)]
     struct Body {
         tables: Vec<(String, Rows)>,
     }
-    let data = encode(&Body { tables }).unwrap();
+    let sm = populated();
     let fresh = RedbBackend::fresh();
-    let err = fresh.db.install(&data, b"applied", 1, b"snapshot").unwrap_err();
-    assert!(err.to_string().contains("from_a_newer_build"), "{err}");
+    let install = |extra: (String, Rows)| {
+        let mut tables: Vec<(String, Rows)> = rows(&sm.b.db).into_iter().collect();
+        tables.push(extra);
+        fresh.db.install(&encode(&Body { tables }).unwrap(), b"applied", 1, b"snapshot").unwrap_err().to_string()
+    };
+    let err = install(("from_a_newer_build".into(), vec![(b"k".to_vec(), b"v".to_vec())]));
+    assert!(err.contains("from_a_newer_build"), "{err}");
+    let err = install(("routes".into(), Vec::new()));
+    assert!(err.contains("\"routes\" twice"), "{err}");
 }
 
 #[test]

@@ -162,11 +162,12 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let (cluster, tasks) = (g.cluster.clone(), g.tasks.clone());
     let acker: Acker = Arc::new(move |device: String, seq: u64| {
         let cluster = cluster.clone();
-        tasks.spawn(async move {
+        let ack = async move {
             if let Err(e) = cluster.ack(&device, seq).await {
                 tracing::debug!(error = %e, "ack did not commit; the next one covers it");
             }
-        });
+        };
+        tasks.spawn(tracing::Instrument::in_current_span(ack));
     });
     let cursor = StreamCursor::new(device.clone(), g.cluster.clone(), acker, stream_head);
     let gate = g.clone();
@@ -208,7 +209,8 @@ fn redirect(g: &Gate, node: NodeId, query: &str) -> Option<Resp> {
 /// The claim's outcome is unknown (timed out, forward failed): release it in the background.
 fn release_later(g: &Arc<Gate>, device: &str, conn: u64) {
     let (gate, device) = (g.clone(), device.to_string());
-    g.tasks.spawn(async move { release(&gate, &device, conn).await });
+    let span = tracing::debug_span!("release", %device, conn);
+    g.tasks.spawn(tracing::Instrument::instrument(async move { release(&gate, &device, conn).await }, span));
 }
 
 async fn release(g: &Gate, device: &str, conn: u64) {

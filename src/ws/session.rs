@@ -69,7 +69,9 @@ pub async fn run(
     let started = Instant::now();
     let last_seen_ms = Arc::new(AtomicU64::new(0));
     let (out_tx, mut out_rx) = mpsc::channel::<Frame<'static>>(cfg.send_queue.max(4));
-    let mut reader = tokio::spawn(read_loop(rx, out_tx, ctl_tx, last_seen_ms.clone(), started, cfg.max_message_bytes));
+    // Owned by this session: awaited or aborted below, never left behind.
+    let reading = read_loop(rx, out_tx, ctl_tx, last_seen_ms.clone(), started, cfg.max_message_bytes);
+    let mut reader = tokio::spawn(tracing::Instrument::in_current_span(reading));
 
     let write_timeout = Duration::from_millis(cfg.idle_ms.max(1000));
     let mut ended = Ended::Peer;
