@@ -42,6 +42,10 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Nodes this node swept as leader.
     pub nodes_expired: Counter,
+    /// Members this node suspected as leader (they stopped answering its probes).
+    pub suspicions: Counter,
+    /// Members whose applied state is `suspect` (out of the ring, lease and routes kept).
+    pub suspect_nodes: Gauge,
     pub raft_term: Gauge,
     pub raft_is_leader: Gauge,
     pub raft_last_log_index: Gauge,
@@ -65,6 +69,8 @@ impl Default for Metrics {
             proposed_batches: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
+            suspicions: Counter::default(),
+            suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
@@ -106,6 +112,8 @@ impl Default for Metrics {
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
         registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());
+        registry.register("suspicions", "Members this node suspected as leader", m.suspicions.clone());
+        registry.register("suspect_nodes", "Members in state suspect (out of the ring)", m.suspect_nodes.clone());
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
         registry.register("raft_is_leader", "1 if this node leads", m.raft_is_leader.clone());
         registry.register("raft_last_log_index", "Last log index", m.raft_last_log_index.clone());

@@ -16,6 +16,8 @@ pub mod close {
     pub const TOO_BIG: u16 = 1009;
     /// The node lost its quorum or lease: reconnect with backoff.
     pub const TRY_AGAIN_LATER: u16 = 1013;
+    /// No close frame: the connection dropped (reported by clients, never sent).
+    pub const ABNORMAL: u16 = 1006;
     /// A newer claim for this device won: another instance of the device took over. Do not reconnect.
     pub const SUPERSEDED: u16 = 4001;
     /// This node's lease lapsed and its routes were swept: reconnect with backoff.

@@ -26,7 +26,7 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         // The redb schema knows the domain's values, not openraft.
         "store" => &["machine", "codec"],
         // openraft adapters: under the port, never above it.
-        "raft" => &["store", "machine", "view", "codec", "http", "metrics"],
+        "raft" => &["store", "machine", "view", "codec", "http", "metrics", "clock"],
         "cluster" => &["raft", "store", "machine", "view", "codec", "config", "http", "metrics", "clock", "wire"],
         // The edges see the cluster through the port only.
         "ws" => &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server"],

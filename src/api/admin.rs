@@ -31,6 +31,7 @@ pub fn metrics(api: &Api) -> Resp {
     m.raft_apply_lag.set(g(r.commit_index.saturating_sub(r.applied_index)));
     m.members.set(r.members.len() as i64);
     m.live_nodes.set(r.ring.live.len() as i64);
+    m.suspect_nodes.set(r.members.iter().filter(|m| m.state == "suspect").count() as i64);
     m.routes.set(g(r.total_routes()));
     m.ring_version.set(g(r.ring.version));
     hyper::Response::builder()
@@ -169,6 +170,12 @@ pub fn drain(api: &Api) -> Resp {
     tracing::info!("drain requested over the admin API");
     api.drain.cancel();
     json(StatusCode::ACCEPTED, &serde_json::json!({"draining": true, "node": api.cluster.member().name}))
+}
+
+/// The leader's failure detector asks whether this node is there (addressed: `?target=` is checked
+/// by the caller, so a wiped node on the old address does not answer for the old identity).
+pub fn ping(api: &Api) -> Resp {
+    json(StatusCode::OK, &serde_json::json!({"ok": true, "node": api.cluster.me()}))
 }
 
 /// The leader says this node was removed: stop.

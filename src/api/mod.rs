@@ -85,7 +85,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     // Messages meant for one identity (Raft RPC, removal notices) name it: a wiped node answering
     // on its old address must not act on its former identity's behalf.
-    let addressed = segments.first() == Some(&"raft") || segments.as_slice() == ["cluster", "removed"];
+    let addressed = segments.first() == Some(&"raft") || matches!(segments.as_slice(), ["cluster", "removed" | "ping"]);
     let me = api.cluster.me();
     if addressed && target != Some(me) {
         let wanted = target.map_or("(none)".into(), |t| t.to_string());
@@ -102,6 +102,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["cluster", "promote"]) => admin::promote(api, &path, &body).await,
         (&Method::POST, ["cluster", "leave"]) => admin::leave(api, &path, &body).await,
         (&Method::POST, ["cluster", "removed"]) => admin::removed(api),
+        (&Method::GET, ["cluster", "ping"]) => admin::ping(api),
         (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
         (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,

@@ -113,6 +113,11 @@ impl<R: Entropy> Backoff<R> {
     pub fn failures(&self) -> u32 {
         self.failures
     }
+
+    /// The jitter window of a first reconnect.
+    pub fn base(&self) -> Duration {
+        self.base
+    }
 }
 
 /// Parses a `Retry-After` value in delta-seconds (`1*DIGIT`, surrounding blanks allowed).

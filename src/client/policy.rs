@@ -68,6 +68,8 @@ pub struct Policy {
     /// A redirect target we could not reach: sent as `?fallback=` until a connection succeeds.
     fallback: Option<String>,
     stale_streak: u32,
+    /// Seed URLs found unreachable in a row: the next one is dialled at once until all were.
+    unreachable_streak: usize,
 }
 
 impl Policy {
@@ -87,6 +89,7 @@ impl Policy {
             hops: 0,
             fallback: None,
             stale_streak: 0,
+            unreachable_streak: 0,
         }
     }
 
@@ -135,6 +138,9 @@ impl Policy {
         if !matches!(outcome, Outcome::Stale { .. }) {
             self.stale_streak = 0;
         }
+        if !matches!(outcome, Outcome::Unreachable) {
+            self.unreachable_streak = 0;
+        }
         match outcome {
             Outcome::Ended { code, goaway, lasted } => {
                 self.fallback = None;
@@ -147,6 +153,14 @@ impl Policy {
                     _ if goaway || code == close::GOING_AWAY => self.origin_after(Duration::ZERO, "goaway"),
                     close::ROUTE_LOST => self.refusal(None, "route_lost"),
                     close::TRY_AGAIN_LATER => self.refusal(None, "no_quorum"),
+                    // The node (or the path to it) went away after serving us a while: not an
+                    // overload signal, and refusals before this connection are history. The
+                    // fleet it held comes back within one jittered `base` window, from n = 0.
+                    close::ABNORMAL if lasted >= self.backoff.base() => {
+                        self.backoff.reset();
+                        let wait = self.backoff.first_reconnect();
+                        self.origin_after(wait, "dropped")
+                    }
                     _ if stable => {
                         let wait = self.backoff.first_reconnect();
                         self.origin_after(wait, "dropped")
@@ -183,8 +197,15 @@ impl Policy {
                     self.fallback = Some(node);
                     self.origin_after(Duration::ZERO, "redirect_unreachable")
                 }
+                // Another seed may well answer: try it at once, without counting a refusal, until
+                // every seed failed in a row.
                 None => {
                     self.rotate();
+                    self.unreachable_streak += 1;
+                    if self.unreachable_streak < self.seeds.len() {
+                        return self.origin_after(Duration::ZERO, "unreachable_next");
+                    }
+                    self.unreachable_streak = 0;
                     self.refusal(None, "unreachable")
                 }
             },
@@ -253,9 +274,42 @@ mod tests {
         let (url, wait, why, _) =
             dial(p.next(Outcome::Refused { status: 503, retry_after: Some(Duration::from_secs(1)) }));
         assert_eq!((url.as_str(), why, wait), (B, "unavailable", twin.after_refusal(Some(Duration::from_secs(1)))));
+        assert_eq!(p.next(Outcome::Refused { status: 401, retry_after: None }), Step::Stop(StopReason::Unauthorized));
+    }
+
+    #[test]
+    fn an_unreachable_seed_moves_to_the_next_at_once_until_every_seed_failed() {
+        let (mut p, mut twin) = policy(7);
+        p.next(Outcome::Refused { status: 429, retry_after: None });
+        twin.after_refusal(None);
+        let (url, wait, why, _) = dial(p.next(Outcome::Unreachable));
+        assert_eq!((url.as_str(), wait, why), (B, Duration::ZERO, "unreachable_next"));
+        assert_eq!(p.backoff().failures(), 1, "an unreachable node is not a refusal");
+        // Both seeds failed in a row: back off.
         let (url, wait, why, _) = dial(p.next(Outcome::Unreachable));
         assert_eq!((url.as_str(), why, wait), (A, "unreachable", twin.after_refusal(None)));
-        assert_eq!(p.next(Outcome::Refused { status: 401, retry_after: None }), Step::Stop(StopReason::Unauthorized));
+        // The streak starts again after any other outcome.
+        p.next(Outcome::Refused { status: 429, retry_after: None });
+        assert_eq!(dial(p.next(Outcome::Unreachable)).2, "unreachable_next");
+    }
+
+    #[test]
+    fn an_abrupt_drop_after_serving_a_while_comes_back_within_one_base_from_n_zero() {
+        let (mut p, mut twin) = policy(8);
+        for _ in 0..5 {
+            p.next(Outcome::Refused { status: 429, retry_after: None });
+            twin.after_refusal(None);
+        }
+        twin.reset();
+        let dropped = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: BASE };
+        let (url, wait, why, _) = dial(p.next(dropped));
+        assert_eq!((url.as_str(), why, wait), (A, "dropped", twin.first_reconnect()));
+        assert!(wait <= BASE);
+        assert_eq!(p.backoff().failures(), 0);
+        // Dropped within one base of connecting: treated like a refusal, as before.
+        let quick = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: BASE / 2 };
+        assert_eq!(dial(p.next(quick)).2, "dropped_early");
+        assert_eq!(p.backoff().failures(), 1);
     }
 
     #[test]
@@ -337,7 +391,7 @@ mod tests {
         let (url, _, _, _) = dial(p.next(Outcome::Refused { status: 429, retry_after: None }));
         assert_eq!(url, "ws://a:1/ws?attempt=1&fallback=n7");
         let (url, _, why, _) = dial(p.next(Outcome::Unreachable));
-        assert_eq!((url.as_str(), why), ("ws://b:2/ws?attempt=1&fallback=n7", "unreachable"));
+        assert_eq!((url.as_str(), why), ("ws://b:2/ws?attempt=1&fallback=n7", "unreachable_next"));
         // Once connected, it is dropped.
         let (url, _, _, _) = dial(p.next(Outcome::Ended { code: 1001, goaway: true, lasted: Duration::ZERO }));
         assert_eq!(url, B);

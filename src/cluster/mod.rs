@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
     Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
-    PublishReply, Release, ReleaseNode, Renew, Reply, Route, StreamRead, Sweep, Swept,
+    PublishReply, Release, ReleaseNode, Renew, Reply, Route, StreamRead, Suspect, Sweep, Swept,
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
@@ -55,6 +56,7 @@ struct Inner {
     timing: Timing,
     /// Highest committed log index this node has learned (maintained by the log store).
     committed: Arc<AtomicU64>,
+    clock: Arc<ClusterClock>,
 }
 
 /// What a [`Handle`] is built from (by the composition root).
@@ -67,6 +69,7 @@ pub struct Parts {
     pub view: ClusterWatch,
     pub timing: Timing,
     pub committed: Arc<AtomicU64>,
+    pub clock: Arc<ClusterClock>,
 }
 
 /// Who leads, as this node's Raft instance sees it; wakes on every change.
@@ -89,8 +92,8 @@ impl Leadership {
 
 impl Handle {
     pub fn new(p: Parts) -> Handle {
-        let Parts { me, member, raft, proposer, state, view, timing, committed } = p;
-        Handle { inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed }) }
+        let Parts { me, member, raft, proposer, state, view, timing, committed, clock } = p;
+        Handle { inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed, clock }) }
     }
 
     /// This node's id.
@@ -101,6 +104,11 @@ impl Handle {
     /// This node's membership record (name, addresses).
     pub fn member(&self) -> &Member {
         &self.inner.member
+    }
+
+    /// Cluster time now (see [`ClusterClock`]): what lease stamps are compared with.
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
     }
 
     /// A receiver of the applied view.
@@ -173,6 +181,12 @@ impl Handle {
     /// Leader duty: expires the candidates whose lease lapsed as of the leader's clock.
     pub async fn sweep(&self, candidates: Vec<NodeId>) -> Result<Swept, ProposeError> {
         self.write_local(Sweep { at_ms: 0, grace_ms: 0, candidates }).await
+    }
+
+    /// Leader duty: takes a live node this leader stopped hearing from out of the ring; it
+    /// rejoins with a renewal of its own, `hold_ms` later at the earliest. Whether it was live.
+    pub async fn suspect(&self, node: NodeId, hold_ms: u64) -> Result<bool, ProposeError> {
+        self.write_local(Suspect { node, at_ms: 0, hold_ms }).await
     }
 
     /// Records the cluster id (the first one wins).

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::clock::now_ms;
+use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::http::HttpClient;
 use crate::machine::{Command, Reply};
@@ -69,11 +69,12 @@ impl Proposer {
         http: HttpClient,
         timeout: Duration,
         metrics: Arc<Metrics>,
+        clock: Arc<ClusterClock>,
         tasks: TaskTracker,
         cancel: CancellationToken,
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
-        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, tasks: tasks.clone() };
+        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone() };
         tasks.spawn(run(ctx, rx, cancel).instrument(tracing::info_span!("proposer")));
         Proposer { tx, timeout }
     }
@@ -150,6 +151,8 @@ struct Ctx {
     http: Arc<HttpClient>,
     timeout: Duration,
     metrics: Arc<Metrics>,
+    /// Cluster time, stamped into time-dependent commands (only the leader's stamps commit).
+    clock: Arc<ClusterClock>,
     tasks: TaskTracker,
 }
 
@@ -185,7 +188,7 @@ async fn run(ctx: Ctx, mut rx: mpsc::Receiver<Pending>, cancel: CancellationToke
 
 /// Proposes one batch as one log entry and hands each caller its reply.
 async fn write_batch(ctx: &Ctx, batch: Vec<Pending>) {
-    let now = now_ms();
+    let now = ctx.clock.now_ms();
     let cmds: Vec<Command> = batch
         .iter()
         .map(|p| {

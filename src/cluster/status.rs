@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 
 use super::Handle;
-use crate::clock::now_ms;
 use crate::machine::NodeId;
 use crate::wire::{MemberStatus, NodeRef, RingStatus, StatusReport};
 
@@ -12,7 +11,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
     let inner = &h.inner;
     let m = inner.raft.metrics().borrow().clone();
     let view = h.view();
-    let now = now_ms() as i64;
+    let now = h.now_ms() as i64;
     let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone());
     let replication = m.replication.clone().unwrap_or_default();
     let members = view

@@ -1,7 +1,8 @@
 //! Node leases (V3, V6): renewals, the leader's extension on election, sweeps of lapsed leases,
-//! drains, and forgetting removed nodes. A lease only grows while the node is not expired; a sweep
-//! re-checks every candidate against the entry's own `at_ms`, so a duplicate or stale sweep is
-//! harmless; routes are deleted, floors never.
+//! suspicion, drains, and forgetting removed nodes. A lease only grows while the node is not
+//! expired; a sweep re-checks every candidate against the entry's own `at_ms`, so a duplicate or
+//! stale sweep is harmless, and applies only in the term whose `ExtendLeases` applied last; routes
+//! are deleted by sweeps only, floors never.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,16 +52,22 @@ impl Apply for Renew {
             connections: 0,
             routes: 0,
             incarnation: self.incarnation,
+            extendable: true,
+            suspect_until_ms: 0,
         });
         lease.lease_until_ms = lease.lease_until_ms.max(self.at_ms.saturating_add(self.lease_ms));
         let same_process = lease.incarnation == self.incarnation;
         lease.state = match lease.state {
             _ if self.draining => LeaseState::Draining,
             LeaseState::Draining if same_process => LeaseState::Draining,
+            // Hysteresis: a node that answers again rejoins the ring only after the hold, so a
+            // flapping node cannot make the ring oscillate faster than that.
+            LeaseState::Suspect if self.at_ms < lease.suspect_until_ms => LeaseState::Suspect,
             _ => LeaseState::Live,
         };
         lease.incarnation = self.incarnation;
         lease.connections = self.connections;
+        lease.extendable = true;
         Ok(())
     }
 }
@@ -85,6 +92,12 @@ impl Apply for Sweep {
 
     fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Swept, T::Error> {
         let mut swept = Swept { expired: Vec::new(), routes_deleted: 0 };
+        // A sweep proposed in another term than the last lease extension (a leader re-elected
+        // between its check and its proposal, a stale one committed by a successor) could expire
+        // leases the election gap starved of renewals: it does nothing.
+        if cx.term != cx.state.extended_term {
+            return Ok(swept);
+        }
         for node in self.candidates {
             let lapsed = cx.state.nodes.get(&node).is_some_and(|l| {
                 l.state != LeaseState::Expired && l.lease_until_ms.saturating_add(self.grace_ms) < self.at_ms
@@ -104,7 +117,10 @@ impl Apply for Sweep {
     }
 }
 
-/// Pushes every unexpired lease to at least `at_ms + lease_ms` (new leader, before any sweep).
+/// A new leader's first command, before any sweep of its term: pushes every unexpired lease
+/// that was renewed since the last extension to at least `at_ms + lease_ms`, covering the
+/// election gap in which renewals could not commit. A lease that was not renewed since is left
+/// alone, so a dead node is swept however often leadership changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtendLeases {
     pub at_ms: u64,
@@ -115,10 +131,37 @@ impl Apply for ExtendLeases {
     type Reply = ();
 
     fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
-        for l in cx.state.nodes.values_mut().filter(|l| l.state != LeaseState::Expired) {
+        cx.state.extended_term = cx.state.extended_term.max(cx.term);
+        for l in cx.state.nodes.values_mut().filter(|l| l.state != LeaseState::Expired && l.extendable) {
             l.lease_until_ms = l.lease_until_ms.max(self.at_ms.saturating_add(self.lease_ms));
+            l.extendable = false;
         }
         Ok(())
+    }
+}
+
+/// Takes a live `node` out of the ring and of placement on every node at this entry: the leader
+/// has not heard from it (probes) for a while. Its lease and routes stay: only a sweep deletes
+/// them. A renewal of its own stamped at or after `at_ms + hold_ms` makes it live again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspect {
+    pub node: NodeId,
+    pub at_ms: u64,
+    pub hold_ms: u64,
+}
+
+impl Apply for Suspect {
+    type Reply = bool;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+        match cx.state.nodes.get_mut(&self.node) {
+            Some(l) if l.state == LeaseState::Live => {
+                l.state = LeaseState::Suspect;
+                l.suspect_until_ms = self.at_ms.saturating_add(self.hold_ms);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }
 

@@ -13,6 +13,8 @@ pub mod types;
 #[cfg(test)]
 pub(crate) mod props;
 #[cfg(test)]
+pub(crate) mod stream_tests;
+#[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -22,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use claim::{Claim, ClaimReply, Release};
-pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Sweep, Swept};
+pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
 pub use stream::{Ack, Delivery, Head, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
 pub use types::{Floor, LeaseState, Member, NodeId, NodeLease, Route, Superseded};
@@ -34,6 +36,10 @@ pub struct State {
     pub cluster_id: Option<String>,
     /// Log index of the last change to the live set.
     pub ring_version: u64,
+    /// Cluster time: the newest `at_ms` a leader stamped into an applied command.
+    pub clock_ms: u64,
+    /// The term of the last applied `ExtendLeases`: sweeps of any other term are ignored.
+    pub extended_term: u64,
     /// The Raft membership as applied (voters and learners).
     pub members: BTreeMap<NodeId, Member>,
     pub voters: BTreeSet<NodeId>,
@@ -68,8 +74,10 @@ pub enum Event {
     Installed,
 }
 
-/// What one apply needs: the in-memory state, the tables, and where events go.
+/// What one apply needs: the entry's term, the in-memory state, the tables, and where events go.
 pub struct Ctx<'a, T> {
+    /// The Raft term the entry was proposed in.
+    pub term: u64,
     pub state: &'a mut State,
     pub tables: &'a mut T,
     pub events: &'a mut Vec<Event>,
@@ -154,18 +162,28 @@ commands! {
     Publish => PublishReply,
     /// Trims a device's stream up to a seq: how many messages.
     Ack => u64,
+    /// Takes a live node the leader stopped hearing from out of the ring: whether it was live.
+    Suspect => bool,
 }
 
 impl Command {
-    /// The leader's proposer stamps its wall clock into time-dependent commands.
-    pub fn stamp(&mut self, now_ms: u64) {
+    /// The time a time-dependent command carries, for [`Command::stamp`] to set.
+    fn at_ms(&mut self) -> Option<&mut u64> {
         match self {
             Command::Renew(Renew { at_ms, .. })
             | Command::Sweep(Sweep { at_ms, .. })
             | Command::ExtendLeases(ExtendLeases { at_ms, .. })
             | Command::Drain(Drain { at_ms, .. })
-            | Command::Publish(Publish { at_ms, .. }) => *at_ms = now_ms,
-            _ => {}
+            | Command::Publish(Publish { at_ms, .. })
+            | Command::Suspect(Suspect { at_ms, .. }) => Some(at_ms),
+            _ => None,
+        }
+    }
+
+    /// The leader's proposer stamps cluster time into time-dependent commands.
+    pub fn stamp(&mut self, now_ms: u64) {
+        if let Some(at_ms) = self.at_ms() {
+            *at_ms = now_ms;
         }
     }
 }
@@ -177,11 +195,12 @@ pub enum Input {
     Blank,
     /// A membership change committed: these are the members now.
     Membership { members: BTreeMap<NodeId, Member>, voters: BTreeSet<NodeId> },
-    /// A batch of commands, answered one reply each, in order.
-    Commands(Vec<Command>),
+    /// A batch of commands proposed in `term`, answered one reply each, in order.
+    Commands { term: u64, cmds: Vec<Command> },
 }
 
-/// Applies the entry at log `index`. The ring version becomes `index` when the live set changed.
+/// Applies the entry at log `index`. The ring version becomes `index` when the live set changed;
+/// cluster time advances to the newest stamp applied.
 pub fn apply<T: Tables>(
     state: &mut State,
     tables: &mut T,
@@ -197,10 +216,13 @@ pub fn apply<T: Tables>(
             state.voters = voters;
             Vec::new()
         }
-        Input::Commands(cmds) => {
-            let mut cx = Ctx { state: &mut *state, tables, events };
+        Input::Commands { term, cmds } => {
+            let mut cx = Ctx { term, state: &mut *state, tables, events };
             let mut replies = Vec::with_capacity(cmds.len());
-            for cmd in cmds {
+            for mut cmd in cmds {
+                if let Some(at_ms) = cmd.at_ms() {
+                    cx.state.clock_ms = cx.state.clock_ms.max(*at_ms);
+                }
                 replies.push(cmd.apply(&mut cx)?);
             }
             replies

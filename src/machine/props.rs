@@ -7,25 +7,42 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use proptest::prelude::*;
 
+use super::stream_tests::{idem, FOREVER};
 use super::testkit::*;
-use super::tests::{idem, sm_with, FOREVER};
+use super::tests::sm_with;
 use super::*;
 
 const MEMBERS: [NodeId; 3] = [1, 2, 3];
 
+/// A node's lease as the model keeps it.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    until: u64,
+    state: LeaseState,
+    connections: u64,
+    incarnation: u64,
+    extendable: bool,
+    suspect_until: u64,
+}
+
 /// The design's §3 table, written as plainly as possible over in-memory maps.
 #[derive(Debug, Default)]
 struct Model {
-    /// node → (lease_until_ms, state, connections, incarnation)
-    nodes: BTreeMap<NodeId, (u64, LeaseState, u64, u64)>,
+    nodes: BTreeMap<NodeId, Lease>,
     routes: BTreeMap<String, Route>,
     floors: BTreeMap<String, Floor>,
     ring_version: u64,
+    /// The term the leases were last extended in (`Sm::new` extends in term 1).
+    extended_term: u64,
 }
 
 impl Model {
     fn live_set(&self) -> BTreeSet<NodeId> {
-        self.nodes.iter().filter(|(id, l)| l.1 == LeaseState::Live && MEMBERS.contains(id)).map(|(id, _)| *id).collect()
+        self.nodes
+            .iter()
+            .filter(|(id, l)| l.state == LeaseState::Live && MEMBERS.contains(id))
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     fn drop_routes_of(&mut self, node: NodeId) -> u64 {
@@ -58,7 +75,7 @@ impl Model {
         ClaimReply::Accepted { version, superseded: old.map(|r| Superseded { node: r.node, conn: r.conn }) }
     }
 
-    fn apply(&mut self, cmd: &Command) -> Reply {
+    fn apply(&mut self, term: u64, cmd: &Command) -> Reply {
         match cmd.clone() {
             Command::Init(_) => Reply::Init(()),
             Command::Claim(c) => Reply::Claim(self.claim(c)),
@@ -71,41 +88,71 @@ impl Model {
             }
             Command::Renew(Renew { node, at_ms, lease_ms, connections, draining, incarnation }) => {
                 if MEMBERS.contains(&node) {
-                    let l = self.nodes.entry(node).or_insert((0, LeaseState::Live, 0, incarnation));
-                    l.0 = l.0.max(at_ms + lease_ms);
-                    // Draining sticks until a renewal from another incarnation (a restart).
-                    let sticky = l.1 == LeaseState::Draining && l.3 == incarnation;
-                    l.1 = if draining || sticky { LeaseState::Draining } else { LeaseState::Live };
-                    l.2 = connections;
-                    l.3 = incarnation;
+                    let fresh = Lease {
+                        until: 0,
+                        state: LeaseState::Live,
+                        connections: 0,
+                        incarnation,
+                        extendable: true,
+                        suspect_until: 0,
+                    };
+                    let l = self.nodes.entry(node).or_insert(fresh);
+                    l.until = l.until.max(at_ms + lease_ms);
+                    // Draining sticks until a renewal from another incarnation (a restart); a
+                    // suspect rejoins only once its hold has passed.
+                    let sticky = l.state == LeaseState::Draining && l.incarnation == incarnation;
+                    let held = l.state == LeaseState::Suspect && at_ms < l.suspect_until;
+                    l.state = if draining || sticky {
+                        LeaseState::Draining
+                    } else if held {
+                        LeaseState::Suspect
+                    } else {
+                        LeaseState::Live
+                    };
+                    l.connections = connections;
+                    l.incarnation = incarnation;
+                    l.extendable = true;
                 }
                 Reply::Renew(())
             }
             Command::Sweep(Sweep { at_ms, grace_ms, candidates }) => {
                 let (mut expired, mut routes_deleted) = (Vec::new(), 0);
-                for node in candidates {
-                    let lapsed =
-                        self.nodes.get(&node).is_some_and(|l| l.1 != LeaseState::Expired && l.0 + grace_ms < at_ms);
+                let in_force = term == self.extended_term;
+                for node in candidates.into_iter().filter(|_| in_force) {
+                    let lapsed = self
+                        .nodes
+                        .get(&node)
+                        .is_some_and(|l| l.state != LeaseState::Expired && l.until + grace_ms < at_ms);
                     if lapsed {
                         routes_deleted += self.drop_routes_of(node);
-                        self.nodes.get_mut(&node).unwrap().1 = LeaseState::Expired;
+                        self.nodes.get_mut(&node).unwrap().state = LeaseState::Expired;
                         expired.push(node);
                     }
                 }
                 Reply::Sweep(Swept { expired, routes_deleted })
             }
             Command::ExtendLeases(ExtendLeases { at_ms, lease_ms }) => {
-                for l in self.nodes.values_mut().filter(|l| l.1 != LeaseState::Expired) {
-                    l.0 = l.0.max(at_ms + lease_ms);
+                self.extended_term = self.extended_term.max(term);
+                for l in self.nodes.values_mut().filter(|l| l.state != LeaseState::Expired && l.extendable) {
+                    l.until = l.until.max(at_ms + lease_ms);
+                    l.extendable = false;
                 }
                 Reply::ExtendLeases(())
             }
             Command::Drain(Drain { node, .. }) => match self.nodes.get_mut(&node) {
-                Some(l) if l.1 == LeaseState::Live => {
-                    l.1 = LeaseState::Draining;
+                Some(l) if l.state == LeaseState::Live => {
+                    l.state = LeaseState::Draining;
                     Reply::Drain(true)
                 }
                 _ => Reply::Drain(false),
+            },
+            Command::Suspect(Suspect { node, at_ms, hold_ms }) => match self.nodes.get_mut(&node) {
+                Some(l) if l.state == LeaseState::Live => {
+                    l.state = LeaseState::Suspect;
+                    l.suspect_until = at_ms + hold_ms;
+                    Reply::Suspect(true)
+                }
+                _ => Reply::Suspect(false),
             },
             Command::ReleaseNode(ReleaseNode { node }) => Reply::ReleaseNode(self.drop_routes_of(node)),
             Command::Forget(Forget { node }) => {
@@ -123,8 +170,17 @@ impl Model {
         let count = |n: NodeId| self.routes.values().filter(|r| r.node == n).count() as u64;
         self.nodes
             .iter()
-            .map(|(&id, &(lease_until_ms, state, connections, incarnation))| {
-                (id, NodeLease { lease_until_ms, state, connections, routes: count(id), incarnation })
+            .map(|(&id, l)| {
+                let lease = NodeLease {
+                    lease_until_ms: l.until,
+                    state: l.state,
+                    connections: l.connections,
+                    routes: count(id),
+                    incarnation: l.incarnation,
+                    extendable: l.extendable,
+                    suspect_until_ms: l.suspect_until,
+                };
+                (id, lease)
             })
             .collect()
     }
@@ -147,17 +203,26 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (1..=4u64).prop_map(|node| drain(node, 0)),
         1 => (1..=4u64).prop_map(|node| ReleaseNode { node }.into()),
         1 => (1..=4u64).prop_map(|node| Forget { node }.into()),
+        1 => (1..=4u64, 0..400u64, 0..100u64).prop_map(|(node, at_ms, hold_ms)| suspect(node, at_ms, hold_ms)),
     ]
 }
 
+/// One entry: its commands, and whether a new term starts with it (a new leader, which may or
+/// may not have extended the leases yet).
+pub type Step = (bool, Vec<Command>);
+
+fn step() -> impl Strategy<Value = Step> {
+    (prop::bool::weighted(0.15), prop::collection::vec(command(), 1..=3))
+}
+
 /// Up to 60 commands batched into entries of 1 to 3 commands (the proposer batches too).
-pub fn entries() -> impl Strategy<Value = Vec<Vec<Command>>> {
-    prop::collection::vec(prop::collection::vec(command(), 1..=3), 1..=20)
+pub fn entries() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(step(), 1..=20)
 }
 
 /// A few more entries, applied after a snapshot.
-pub fn entries_short() -> impl Strategy<Value = Vec<Vec<Command>>> {
-    prop::collection::vec(prop::collection::vec(command(), 1..=3), 1..=8)
+pub fn entries_short() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(step(), 1..=8)
 }
 
 /// Checks V1/V2 and the bookkeeping after one entry, independently of the model's replies.
@@ -211,15 +276,16 @@ impl Invariants {
 }
 
 /// Runs `entries` on a fresh state machine, checking each entry against the model and invariants.
-pub fn routes_follow_model<B: Backend>(entries: &[Vec<Command>]) {
+pub fn routes_follow_model<B: Backend>(entries: &[Step]) {
     let mut sm = Sm::<B>::new();
-    let mut model = Model::default();
+    let mut model = Model { extended_term: sm.term, ..Model::default() };
     let mut inv = Invariants::default();
-    for cmds in entries {
+    for (new_term, cmds) in entries {
+        sm.term += u64::from(*new_term);
         let live_before = model.live_set();
         let replies = sm.entry(cmds.clone());
         for (cmd, reply) in cmds.iter().zip(&replies) {
-            assert_eq!(reply, &model.apply(cmd), "reply to {cmd:?}");
+            assert_eq!(reply, &model.apply(sm.term, cmd), "reply to {cmd:?} in term {}", sm.term);
             inv.claim_reply(cmd, reply);
         }
         if model.live_set() != live_before {
@@ -234,40 +300,48 @@ pub fn routes_follow_model<B: Backend>(entries: &[Vec<Command>]) {
     }
 }
 
-/// Renewals and extensions of one node: lease_until only grows while the node is not expired.
+/// Renewals and extensions of one node: lease_until only grows while the node is not expired,
+/// and an extension covers exactly the leases renewed since the previous one.
 pub fn lease_until_never_decreases<B: Backend>(ops: &[(bool, u64, u64)]) {
     let mut sm = Sm::<B>::new();
-    sm.one(renew(2, 0, 1)); // a second lease that ExtendLeases must also push
+    sm.one(renew(2, 0, 1)); // a second lease, renewed once: the first extension pushes it, no later one
     let mut until = 0;
     for &(extend, at_ms, lease_ms) in ops {
-        let before2 = sm.lease(2).unwrap().lease_until_ms;
-        let cmd = if extend { ExtendLeases { at_ms, lease_ms }.into() } else { renew(1, at_ms, lease_ms) };
+        let (before1, before2) = (sm.lease(1), sm.lease(2).unwrap());
+        let cmd = if extend { self::extend(at_ms, lease_ms) } else { renew(1, at_ms, lease_ms) };
         sm.one(cmd);
         let Some(l1) = sm.lease(1) else {
             assert!(extend, "a member's renewal created no lease row");
             continue;
         };
-        assert_eq!(l1.lease_until_ms, until.max(at_ms + lease_ms));
+        let pushed = !extend || before1.is_some_and(|l| l.extendable);
+        assert_eq!(l1.lease_until_ms, if pushed { until.max(at_ms + lease_ms) } else { until });
         until = l1.lease_until_ms;
-        let l2 = sm.lease(2).unwrap().lease_until_ms;
-        assert!(l2 >= before2);
+        let l2 = sm.lease(2).unwrap();
+        assert!(l2.lease_until_ms >= before2.lease_until_ms);
         if extend {
-            assert!(l2 >= at_ms + lease_ms);
+            let want =
+                if before2.extendable { before2.lease_until_ms.max(at_ms + lease_ms) } else { before2.lease_until_ms };
+            assert_eq!(l2.lease_until_ms, want);
+            assert!(!l2.extendable);
         }
     }
 }
 
 /// dump → encode → install on a fresh backend gives the same state, keeps applying identically,
 /// and survives a reopen.
-pub fn snapshot_round_trip<B: Backend>(before: Vec<Vec<Command>>, after: Vec<Vec<Command>>) {
+pub fn snapshot_round_trip<B: Backend>(before: Vec<Step>, after: Vec<Step>) {
     let mut sm = Sm::<B>::new();
-    for cmds in before {
+    for (new_term, cmds) in before {
+        sm.term += u64::from(new_term);
         sm.entry(cmds);
     }
     let copy = sm.install_copy();
     assert_eq!(copy.everything(), sm.everything());
     let mut copy = copy.reopen();
-    for cmds in &after {
+    for (new_term, cmds) in &after {
+        sm.term += u64::from(*new_term);
+        copy.term = sm.term;
         assert_eq!(copy.entry(cmds.clone()), sm.entry(cmds.clone()));
     }
     assert_eq!(copy.everything(), sm.everything());

@@ -75,11 +75,13 @@ impl Backend for MemBackend {
     }
 }
 
-/// A state machine on backend `B`: the state `apply` left and the last log index used.
+/// A state machine on backend `B`: the state `apply` left, the last log index used and the term
+/// the next entries are proposed in.
 pub struct Sm<B> {
     pub b: B,
     pub state: State,
     pub index: u64,
+    pub term: u64,
     /// Every event the applies emitted, in order.
     pub events: Vec<Event>,
 }
@@ -87,14 +89,22 @@ pub struct Sm<B> {
 impl<B: Backend> Sm<B> {
     /// An empty state machine (no membership).
     pub fn empty() -> Self {
-        Sm { b: B::fresh(), state: State::default(), index: 0, events: Vec::new() }
+        Sm { b: B::fresh(), state: State::default(), index: 0, term: 1, events: Vec::new() }
     }
 
-    /// A state machine whose first entry makes nodes 1, 2, 3 voters.
+    /// A state machine whose first entry makes nodes 1, 2, 3 voters, and whose leader (term 1)
+    /// extended the leases, as every leader does before it sweeps.
     pub fn new() -> Self {
         let mut sm = Self::empty();
         sm.membership(&[1, 2, 3]);
+        sm.new_term();
         sm
+    }
+
+    /// The next term's leader takes over: its first entry extends the leases.
+    pub fn new_term(&mut self) -> Reply {
+        self.term += 1;
+        self.one(ExtendLeases { at_ms: 0, lease_ms: 0 }.into())
     }
 
     fn push(&mut self, input: Input) -> Vec<Reply> {
@@ -116,7 +126,7 @@ impl<B: Backend> Sm<B> {
     /// Applies one entry holding `cmds`; returns one reply per command.
     pub fn entry(&mut self, cmds: Vec<Command>) -> Vec<Reply> {
         let n = cmds.len();
-        let replies = self.push(Input::Commands(cmds));
+        let replies = self.push(Input::Commands { term: self.term, cmds });
         assert_eq!(replies.len(), n);
         replies
     }
@@ -137,17 +147,18 @@ impl<B: Backend> Sm<B> {
         self.b.stream(device, after, limit)
     }
 
-    /// The whole state — in memory and in the tables — for "changed nothing" comparisons.
+    /// The whole state — in memory and in the tables — for "changed nothing" comparisons; all
+    /// but cluster time, which every stamped command advances.
     pub fn everything(&self) -> (State, MemTables) {
-        (self.state.clone(), self.b.dump())
+        (State { clock_ms: 0, ..self.state.clone() }, self.b.dump())
     }
 
     /// Reopens the backend and checks it loads the same state.
     pub fn reopen(self) -> Self {
-        let Sm { b, state, index, events } = self;
+        let Sm { b, state, index, term, events } = self;
         let (b, loaded) = b.reopen();
         assert_eq!(loaded, state, "the reopened backend loads a different state");
-        Sm { b, state: loaded, index, events }
+        Sm { b, state: loaded, index, term, events }
     }
 
     /// A copy made through a snapshot (dump, encode, install on a fresh backend).
@@ -160,7 +171,7 @@ impl<B: Backend> Sm<B> {
     /// Installs a snapshot of `other` over this state machine.
     pub fn install_from(&mut self, other: &Self) {
         self.state = self.b.install(&other.b);
-        self.index = other.index;
+        (self.index, self.term) = (other.index, other.term);
     }
 }
 
@@ -178,6 +189,14 @@ pub fn sweep(at_ms: u64, grace_ms: u64, candidates: &[NodeId]) -> Command {
 
 pub fn drain(node: NodeId, at_ms: u64) -> Command {
     Drain { node, at_ms }.into()
+}
+
+pub fn extend(at_ms: u64, lease_ms: u64) -> Command {
+    ExtendLeases { at_ms, lease_ms }.into()
+}
+
+pub fn suspect(node: NodeId, at_ms: u64, hold_ms: u64) -> Command {
+    Suspect { node, at_ms, hold_ms }.into()
 }
 
 pub fn publish(
@@ -227,7 +246,7 @@ pub fn floor(max_version: u64, max_epoch: u64, max_attempt: u64, last_node: Node
 /// Declares one `#[test]` per generic rule test (and one proptest per property) for `$backend`.
 macro_rules! backend_tests {
     ($backend:ty) => {
-        use $crate::machine::{props, tests};
+        use $crate::machine::{props, stream_tests, tests};
         $crate::machine::testkit::backend_tests!(@each $backend, tests:
             claim_accept_supersede_stale_and_epoch_order,
             claim_replay_is_idempotent,
@@ -243,6 +262,12 @@ macro_rules! backend_tests {
             state_survives_reopen,
             drain_sticks_until_a_new_incarnation_renews,
             apply_emits_the_events_nodes_act_on,
+            a_sweep_applies_only_in_the_term_that_extended_leases,
+            a_dead_node_is_extended_once_however_often_leadership_changes,
+            a_suspect_leaves_the_ring_keeps_its_routes_and_rejoins_after_the_hold,
+            cluster_time_is_the_newest_stamp_applied,
+        );
+        $crate::machine::testkit::backend_tests!(@each $backend, stream_tests:
             publish_needs_a_known_device_then_seqs_count_up_and_reads_page,
             idempotency_keys_dedupe_until_their_message_is_trimmed,
             retention_by_count_and_age_moves_oldest_and_spares_other_devices,

@@ -42,11 +42,17 @@ pub struct Floor {
     pub last_node: NodeId,
 }
 
+/// A node's state as applied. Only `Live` nodes are in the ring and take devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseState {
     Live,
+    /// Draining: out of the ring, moving its devices away (sticky until a restart).
     Draining,
+    /// Swept: its lease lapsed and its routes were deleted.
     Expired,
+    /// The leader stopped hearing from it: out of the ring and of placement at once, but it keeps
+    /// its lease and routes (only a sweep deletes those); its own renewal clears it, after a hold.
+    Suspect,
 }
 
 impl LeaseState {
@@ -55,6 +61,7 @@ impl LeaseState {
             LeaseState::Live => "live",
             LeaseState::Draining => "draining",
             LeaseState::Expired => "expired",
+            LeaseState::Suspect => "suspect",
         }
     }
 }
@@ -69,6 +76,11 @@ pub struct NodeLease {
     pub routes: u64,
     /// The renewing process's incarnation (see [`super::Renew`]).
     pub incarnation: u64,
+    /// Renewed since the last `ExtendLeases`: the next one may extend it (so a dead node gets at
+    /// most one extension, however often leadership changes).
+    pub extendable: bool,
+    /// While suspect: a renewal stamped at or after this clears the suspicion (hysteresis).
+    pub suspect_until_ms: u64,
 }
 
 /// The previous owner of a route that a claim replaced.

@@ -1,7 +1,9 @@
 //! Periodic duties: every node renews its lease every `lease/3`; the leader extends leases on
-//! election (before any sweep), records the cluster id, finishes half-done joint configurations and
-//! sweeps lapsed leases every `sweep_ms`. A node that sees itself removed from the membership stops.
+//! election (before any sweep), records the cluster id, finishes half-done joint configurations,
+//! sweeps lapsed leases every `sweep_ms`, and suspects members that stop answering its probes. A
+//! node that sees itself removed from the membership stops.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,9 +11,9 @@ use rand::RngCore;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::now_ms;
 use crate::cluster::{ClusterWatch, Handle};
 use crate::config::Timing;
+use crate::http::HttpClient;
 use crate::machine::{LeaseState, NodeId, Renew};
 use crate::metrics::Metrics;
 use crate::ws::registry::Registry;
@@ -149,7 +151,7 @@ pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>,
 }
 
 async fn sweep(cluster: &Handle, metrics: &Metrics) {
-    let now = now_ms();
+    let now = cluster.now_ms();
     let candidates: Vec<NodeId> = cluster
         .view()
         .state
@@ -168,6 +170,88 @@ async fn sweep(cluster: &Handle, metrics: &Metrics) {
         }
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "leader: sweep did not commit"),
+    }
+}
+
+/// How long after a suspicion a node's own renewal may clear it: the ring changes at most twice
+/// per hold for a flapping node.
+pub fn suspect_hold_ms(timing: &Timing) -> u64 {
+    timing.lease_ms / 4
+}
+
+/// The leader's failure detector. Every heartbeat it probes each live member's cluster listener
+/// (`/cluster/ping`, addressed to that member's id, at most one probe per member per heartbeat,
+/// each allowed `suspect_after` to answer); a member with no answer for an election timeout is
+/// suspected: out of the ring and of placement on every node at one log index, long before its
+/// lease could lapse. Its own renewal brings it back (after [`suspect_hold_ms`]); only a sweep
+/// deletes its routes.
+pub async fn suspect_loop(
+    cluster: Handle,
+    http: HttpClient,
+    timing: Timing,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let me = cluster.me();
+    let every = Duration::from_millis(timing.heartbeat_ms.max(10));
+    let suspect_after = Duration::from_millis(timing.election_timeout_ms);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probes = tokio::task::JoinSet::new();
+    // member → when it last answered (or when this term's watch began).
+    let mut heard: BTreeMap<NodeId, Instant> = BTreeMap::new();
+    let mut term = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+            Some(Ok((id, ok))) = probes.join_next(), if !probes.is_empty() => {
+                if ok {
+                    heard.insert(id, Instant::now());
+                }
+                continue;
+            }
+        }
+        let (leader, now_term) = cluster.leadership().now();
+        if leader != Some(me) {
+            (term, heard) = (None, BTreeMap::new());
+            probes.abort_all();
+            continue;
+        }
+        if term != Some(now_term) {
+            // A new term: every member gets a full window from now.
+            (term, heard) = (Some(now_term), BTreeMap::new());
+        }
+        let view = cluster.view();
+        let live: Vec<(NodeId, String)> = view
+            .members()
+            .filter(|(id, _)| *id != me && view.is_live(*id))
+            .map(|(id, m)| (id, m.cluster_addr.clone()))
+            .collect();
+        // A member that left the live set (suspected, draining, expired) gets a fresh window if it
+        // comes back.
+        heard.retain(|id, _| live.iter().any(|(l, _)| l == id));
+        let started = Instant::now();
+        for (id, addr) in &live {
+            let since = *heard.entry(*id).or_insert(started);
+            if started.duration_since(since) > suspect_after {
+                match cluster.suspect(*id, suspect_hold_ms(&timing)).await {
+                    Ok(true) => {
+                        metrics.suspicions.inc();
+                        tracing::warn!(node = id, silent = ?started.duration_since(since), "leader: suspected a silent member; out of the ring");
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(node = id, error = %e, "leader: suspicion did not commit"),
+                }
+                continue;
+            }
+            let (http, addr, id) = (http.clone(), addr.clone(), *id);
+            probes.spawn(async move {
+                let path = format!("/cluster/ping?target={id}");
+                let answered = http.get(&addr, &path, suspect_after).await;
+                (id, matches!(answered, Ok((status, _)) if status.is_success()))
+            });
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::api::{self, Api};
+use crate::clock::ClusterClock;
 use crate::cluster::proposer::Proposer;
 use crate::cluster::{Handle, Parts};
 use crate::config::Config;
@@ -108,7 +109,8 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
             .map_err(|e| NodeError::Raft(e.to_string()))??;
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
-    let (sm, view) = StateMachine::new(state_db.clone(), loaded, metrics.clone())?;
+    let clock = Arc::new(ClusterClock::default());
+    let (sm, view) = StateMachine::new(state_db.clone(), loaded, metrics.clone(), clock.clone())?;
     let events = sm.events();
     let t = &cfg.timing;
     let raft_config = openraft::Config {
@@ -137,8 +139,15 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
     let (mode_tx, mode) = watch::channel(Mode::Serving);
     let propose_timeout = Duration::from_millis(t.propose_timeout_ms);
-    let proposer =
-        Proposer::spawn(raft.clone(), http.clone(), propose_timeout, metrics.clone(), tasks.clone(), stop.clone());
+    let proposer = Proposer::spawn(
+        raft.clone(),
+        http.clone(),
+        propose_timeout,
+        metrics.clone(),
+        clock.clone(),
+        tasks.clone(),
+        stop.clone(),
+    );
     let cluster = Handle::new(Parts {
         me: ident.id,
         member,
@@ -148,6 +157,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         view,
         timing: t.clone(),
         committed,
+        clock,
     });
     let api = Arc::new(Api {
         cluster: cluster.clone(),
@@ -220,7 +230,13 @@ impl Node {
             incarnation: rand::random(),
         };
         spawn("renewer", Box::pin(renewer.run(stop.clone())));
-        spawn("leader-duties", Box::pin(duties::leader_loop(cluster.clone(), t.clone(), self.metrics, stop.clone())));
+        spawn(
+            "leader-duties",
+            Box::pin(duties::leader_loop(cluster.clone(), t.clone(), self.metrics.clone(), stop.clone())),
+        );
+        let suspect =
+            duties::suspect_loop(cluster.clone(), self.http.clone(), t.clone(), self.metrics.clone(), stop.clone());
+        spawn("suspect", Box::pin(suspect));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);

@@ -14,6 +14,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::blocking;
 use super::types::{Entry, LogId, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::machine::{self, Event, Input, State};
 use crate::metrics::Metrics;
@@ -59,6 +60,8 @@ pub struct StateMachine {
     snapshots_built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     events: broadcast::Sender<Event>,
+    /// Told the cluster time of every applied state.
+    clock: Arc<ClusterClock>,
 }
 
 impl StateMachine {
@@ -67,11 +70,14 @@ impl StateMachine {
         db: StateDb,
         loaded: Loaded,
         metrics: Arc<Metrics>,
+        clock: Arc<ClusterClock>,
     ) -> Result<(StateMachine, watch::Receiver<Arc<ClusterView>>), StoreError> {
         let (state, applied) = restore(loaded)?;
+        clock.observe(state.clock_ms);
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
         let (events, _) = broadcast::channel(4096);
-        Ok((StateMachine { db, state, applied, view, snapshots_built: Arc::default(), metrics, events }, rx))
+        let snapshots_built = Arc::default();
+        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock }, rx))
     }
 
     /// Subscribes to what applies did (kicks, sweeps, deliveries); a lagging subscriber must
@@ -81,6 +87,7 @@ impl StateMachine {
     }
 
     fn publish(&mut self, state: State, applied: Applied) {
+        self.clock.observe(state.clock_ms);
         self.state = state.clone();
         self.applied = applied;
         self.view.send_modify(|v| *v = Arc::new(ClusterView::new(state, Some(v))));
@@ -116,7 +123,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             applied.membership = StoredMembership::new(Some(entry.log_id), m);
                             members_input(&applied.membership)
                         }
-                        EntryPayload::Normal(req) => Input::Commands(req.cmds),
+                        EntryPayload::Normal(req) => {
+                            Input::Commands { term: entry.log_id.leader_id.term, cmds: req.cmds }
+                        }
                     };
                     let replies = machine::apply(&mut state, tx, entry.log_id.index, input, &mut events)?;
                     applied.last_applied = Some(entry.log_id);

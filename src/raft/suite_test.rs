@@ -16,7 +16,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let dir = tempfile::tempdir().expect("tempdir");
         let log = LogDb::open(dir.path()).expect("open log");
         let (state, loaded) = StateDb::open(dir.path()).expect("open state");
-        let (sm, _view) = StateMachine::new(state, loaded, Default::default()).expect("restore state");
+        let (sm, _view) =
+            StateMachine::new(state, loaded, Default::default(), Default::default()).expect("restore state");
         Ok((dir, LogStore::new(log, Default::default(), Default::default()), sm))
     }
 }
@@ -53,12 +54,12 @@ async fn applied_state_and_view_survive_a_reopen() {
     ];
     {
         let (db, loaded) = StateDb::open(dir.path()).unwrap();
-        let (mut sm, _view) = StateMachine::new(db, loaded, Default::default()).unwrap();
+        let (mut sm, _view) = StateMachine::new(db, loaded, Default::default(), Default::default()).unwrap();
         let responses = sm.apply(entries).await.unwrap();
         assert_eq!(responses.iter().map(|r| r.replies.len()).collect::<Vec<_>>(), [0, 2]);
     }
     let (db, loaded) = StateDb::open(dir.path()).unwrap();
-    let (mut sm, view) = StateMachine::new(db.clone(), loaded, Default::default()).unwrap();
+    let (mut sm, view) = StateMachine::new(db.clone(), loaded, Default::default(), Default::default()).unwrap();
     let (last, stored) = sm.applied_state().await.unwrap();
     assert_eq!(last, Some(log_id(2)));
     assert_eq!(stored.log_id(), &Some(log_id(1)));

@@ -18,7 +18,6 @@ use super::session::{self, Ended};
 use super::stream::{Acker, StreamCursor};
 use super::{Gate, Mode};
 use crate::answer::{self, Refusal, Resp};
-use crate::clock::now_ms;
 use crate::machine::{Claim, NodeId};
 use crate::metrics::ResultLabel;
 use crate::protocol::{close, ServerFrame};
@@ -71,7 +70,7 @@ async fn target(g: &Gate, device: &str, fallback: Option<&String>) -> Option<Nod
     let (route, floor) = g.cluster.route(device).await.unwrap_or_default();
     let view = g.cluster.view();
     let exclude = fallback.and_then(|f| view.resolve(f));
-    place(&view, device, route.as_ref(), floor.as_ref(), exclude, now_ms())
+    place(&view, device, route.as_ref(), floor.as_ref(), exclude, g.cluster.now_ms())
 }
 
 /// `GET /v1/placement`: the `/ws` URL this device should use.

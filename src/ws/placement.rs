@@ -70,7 +70,15 @@ mod tests {
         for (id, state, until, conns) in leases {
             s.nodes.insert(
                 *id,
-                NodeLease { lease_until_ms: *until, state: *state, connections: *conns, routes: 0, incarnation: 0 },
+                NodeLease {
+                    lease_until_ms: *until,
+                    state: *state,
+                    connections: *conns,
+                    routes: 0,
+                    incarnation: 0,
+                    extendable: true,
+                    suspect_until_ms: 0,
+                },
             );
         }
         ClusterView::new(s, None)

@@ -276,6 +276,20 @@ impl Api {
         Ok((r.status, r.json()))
     }
 
+    /// `GET /cluster/status` at `addr`.
+    pub fn status(&self, addr: SocketAddr) -> anyhow::Result<Value> {
+        let r = http::request(
+            addr,
+            "GET",
+            "/cluster/status",
+            &[("Authorization", &self.bearer)],
+            None,
+            http::REQUEST_TIMEOUT,
+        )?;
+        anyhow::ensure!(r.status == 200, "status {}", r.status);
+        Ok(r.json())
+    }
+
     pub fn try_route(&self, addr: SocketAddr, device: &str) -> anyhow::Result<(u16, Value)> {
         let r = http::request(
             addr,

@@ -218,6 +218,8 @@ impl Cluster {
         let mut cmd = Command::new(bin());
         cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone().unwrap())).stderr(Stdio::from(log));
         scrub_env(&mut cmd);
+        // Test hook of the node's wall clock: see `step_wall_clock`.
+        cmd.env("GATEWAY_TEST_WALL_OFFSET_FILE", node.root.join("wall_offset_ms"));
         node.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin())));
         self.wait_healthy(i);
     }
@@ -274,6 +276,12 @@ impl Cluster {
     }
 
     // ---- process control -------------------------------------------------------------------
+
+    /// Steps node `i`'s wall clock to `offset_ms` from the real one (as NTP or an operator would),
+    /// effective within ~50 ms; its monotonic clock is untouched.
+    pub fn step_wall_clock(&self, i: usize, offset_ms: i64) {
+        fs::write(self.nodes[i].root.join("wall_offset_ms"), offset_ms.to_string()).unwrap();
+    }
 
     /// SIGKILL and reap.
     pub fn kill9(&mut self, i: usize) {
