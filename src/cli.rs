@@ -194,7 +194,8 @@ pub struct ServeArgs {
     /// Handshakes admitted at once after a quiet period [default: 400].
     #[arg(long, env = "GATEWAY_ADMIT_BURST")]
     pub admit_burst: Option<u32>,
-    /// Deadline for a handshake's claim to commit [default: 3000].
+    /// Deadline for a handshake's claim to commit, parked through a leader election
+    /// [default: max(3000, 4 × election timeout + 1000)].
     #[arg(long, env = "GATEWAY_HANDSHAKE_TIMEOUT_MS")]
     pub handshake_timeout_ms: Option<u64>,
     /// Deadline for a client to send its request headers [default: 5000].

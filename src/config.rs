@@ -189,10 +189,12 @@ impl Config {
             idle_ms: flags.idle_ms.or(file.idle_ms).unwrap_or(dd.idle_ms),
             admit_rate: flags.admit_rate.or(file.admit_rate).unwrap_or(dd.admit_rate),
             admit_burst: flags.admit_burst.or(file.admit_burst).unwrap_or(dd.admit_burst),
+            // A claim parks through a leader election (the proposer waits for the next leader):
+            // by default long enough for an openraft 0.9 election (up to ~4 election timeouts).
             handshake_timeout_ms: flags
                 .handshake_timeout_ms
                 .or(file.handshake_timeout_ms)
-                .unwrap_or(dd.handshake_timeout_ms),
+                .unwrap_or(dd.handshake_timeout_ms.max(4 * timing.election_timeout_ms + 1_000)),
             header_read_timeout_ms: flags
                 .header_read_timeout_ms
                 .or(file.header_read_timeout_ms)
@@ -324,11 +326,27 @@ mod tests {
     }
 
     #[test]
+    fn a_handshake_waits_out_an_election_by_default() {
+        let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+        assert_eq!(cfg.device.handshake_timeout_ms, 4 * cfg.timing.election_timeout_ms + 1_000);
+        let fast = FileConfig {
+            election_timeout_ms: Some(100),
+            heartbeat_ms: Some(40),
+            lease_ms: Some(1000),
+            ..Default::default()
+        };
+        assert_eq!(Config::merge(fast, FileConfig::default()).unwrap().device.handshake_timeout_ms, 3_000);
+        let set = FileConfig { handshake_timeout_ms: Some(700), ..Default::default() };
+        assert_eq!(Config::merge(set, FileConfig::default()).unwrap().device.handshake_timeout_ms, 700);
+    }
+
+    #[test]
     fn example_config_is_valid() {
         let file: FileConfig = toml::from_str(include_str!("../deploy/gateway.example.toml")).unwrap();
         let cfg = Config::merge(FileConfig::default(), file).unwrap();
         assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
-        assert_eq!(cfg.device, DeviceConfig::default(), "the example documents the defaults");
+        let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+        assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
     }
 
     #[test]

@@ -30,7 +30,18 @@ pub mod close {
 pub enum ServerFrame {
     /// First frame after the upgrade.
     /// `stream_head` is the device's last message seq: sync from your cursor to get what you missed.
-    Hello { device: String, node: String, node_id: u64, conn: u64, route_version: u64, stream_head: u64 },
+    /// `next_url` is where placement would send this device if this node went away (its ring owner
+    /// among the others): dial it first after losing this connection, with `?fallback=<node>`.
+    Hello {
+        device: String,
+        node: String,
+        node_id: u64,
+        conn: u64,
+        route_version: u64,
+        stream_head: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_url: Option<String>,
+    },
     /// A message published to the device (`payload` is the backend's JSON). The server builds
     /// this frame with [`msg_json`], splicing the stored payload text in without re-parsing it.
     Msg { seq: u64, payload: serde_json::Value },
@@ -88,10 +99,15 @@ mod tests {
             conn: 9,
             route_version: 3,
             stream_head: 0,
+            next_url: Some("ws://127.0.0.1:8002/ws".into()),
         };
         let v: serde_json::Value = serde_json::from_str(&hello.to_json()).unwrap();
         assert_eq!(v["t"], "hello");
         assert_eq!(v["route_version"], 3);
+        assert_eq!(v["next_url"], "ws://127.0.0.1:8002/ws");
+        // A hello without the optional field (an older server) still parses.
+        let old = r#"{"t":"hello","device":"d","node":"n1","node_id":1,"conn":2,"route_version":1,"stream_head":0}"#;
+        assert!(matches!(serde_json::from_str::<ServerFrame>(old).unwrap(), ServerFrame::Hello { next_url: None, .. }));
         let g: serde_json::Value =
             serde_json::from_str(&ServerFrame::Goaway { reason: "drain".into() }.to_json()).unwrap();
         assert_eq!((g["t"].as_str(), g["reason"].as_str()), (Some("goaway"), Some("drain")));

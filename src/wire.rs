@@ -91,8 +91,19 @@ pub struct StatusReport {
     /// Highest log index purged after a snapshot (entries at or below it are gone from the log).
     pub purged_index: Option<u64>,
     pub config: Timing,
+    /// The answering node's handshake admission (per node): what `gateway bench` feeds the
+    /// storm model with.
+    #[serde(default)]
+    pub admission: Option<AdmissionStatus>,
     pub members: Vec<MemberStatus>,
     pub ring: RingStatus,
+}
+
+/// A node's admission bucket: `rate_per_s` handshakes per second, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AdmissionStatus {
+    pub rate_per_s: f64,
+    pub burst: u32,
 }
 
 impl StatusReport {

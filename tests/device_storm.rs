@@ -140,19 +140,22 @@ fn killed_node_devices_rehome_on_survivors_within_admission() {
         }
     });
 
-    // Admission per 250 ms window, per survivor, from the clients' accepts; 429s seen == metric.
+    // Admission per 250 ms window, per survivor, from the clients' accepted handshakes, each
+    // counted when it was dialled (admitted), not when its claim committed: a claim parks through
+    // an election, so commits bunch up after one; admissions do not. 429s seen == metric.
     let limit = BURST + RATE / 4 + 1;
     let mut refusals: BTreeMap<&str, u64> = BTreeMap::new();
     let mut windows: BTreeMap<(&str, u128), u64> = BTreeMap::new();
     for r in devices.iter_mut().chain(own.iter_mut()) {
         r.poll();
-        let mut dialed: Option<&str> = None;
+        let mut dialed: Option<(&str, Instant)> = None;
         for (at, e) in &r.log {
             match e {
-                Event::Dialing { url, .. } => dialed = node_of_port.get(&port_of(url)).copied(),
-                Event::Refused { status: 429, .. } => *refusals.entry(dialed.unwrap_or("?")).or_default() += 1,
+                Event::Dialing { url, .. } => dialed = node_of_port.get(&port_of(url)).map(|n| (*n, *at)),
+                Event::Refused { status: 429, .. } => *refusals.entry(dialed.map_or("?", |d| d.0)).or_default() += 1,
                 Event::Connected { node, .. } if node != "n1" => {
-                    let w = at.saturating_duration_since(killed).as_millis() / 250;
+                    let admitted = dialed.map_or(*at, |d| d.1);
+                    let w = admitted.saturating_duration_since(killed).as_millis() / 250;
                     let name = if node == "n2" { "n2" } else { "n3" };
                     *windows.entry((name, w)).or_default() += 1;
                 }

@@ -12,10 +12,12 @@ use crate::cluster::membership::MembershipError;
 use crate::machine::{Claim, ClaimReply, NodeId};
 use crate::metrics::ResultLabel;
 use crate::token::valid_device_id;
-use crate::wire::{IdentityReply, JoinRequest, LeaveRequest, NodeRef, PromoteRequest};
+use crate::wire::{AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, NodeRef, PromoteRequest};
 
 pub fn status(api: &Api) -> Resp {
-    json(StatusCode::OK, &api.cluster.report())
+    let mut report = api.cluster.report();
+    report.admission = Some(AdmissionStatus { rate_per_s: api.device.admit_rate, burst: api.device.admit_burst });
+    json(StatusCode::OK, &report)
 }
 
 /// Prometheus text; Raft and cluster gauges are refreshed from the current state first.

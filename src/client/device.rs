@@ -233,6 +233,7 @@ impl Device {
             let outcome = match answer {
                 Ok(Answer::Open(mut ws, hello)) => {
                     let connected = Instant::now();
+                    policy.connected(&hello.node, hello.next);
                     let (node, conn, route_version) = (hello.node, hello.conn, hello.route_version);
                     events(Event::Connected { node, conn, route_version, attempt, after: connected - since });
                     events(Event::Frame(hello.frame));

@@ -103,6 +103,8 @@ pub struct Hello {
     pub node: String,
     pub conn: u64,
     pub route_version: u64,
+    /// Where to go first if this connection is lost (see [`ServerFrame::Hello`]).
+    pub next: Option<Target>,
     pub frame: ServerFrame,
 }
 
@@ -204,10 +206,11 @@ pub async fn dial(
         return Err(bad(format!("expected a text frame, got {:?}", frame.opcode)));
     }
     let first: ServerFrame = serde_json::from_slice(&frame.payload).map_err(|e| bad(e.to_string()))?;
-    let ServerFrame::Hello { node, conn, route_version, .. } = &first else {
+    let ServerFrame::Hello { node, conn, route_version, next_url, .. } = &first else {
         return Err(bad(format!("the first frame is not a hello: {first:?}")));
     };
-    let hello = Hello { node: node.clone(), conn: *conn, route_version: *route_version, frame: first.clone() };
+    let next = next_url.as_deref().and_then(|u| Target::parse(u).ok());
+    let hello = Hello { node: node.clone(), conn: *conn, route_version: *route_version, next, frame: first.clone() };
     Ok(Answer::Open(Box::new(ws), hello))
 }
 

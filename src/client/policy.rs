@@ -70,6 +70,8 @@ pub struct Policy {
     stale_streak: u32,
     /// Seed URLs found unreachable in a row: the next one is dialled at once until all were.
     unreachable_streak: usize,
+    /// The node of the current connection, and where its `hello` said to go if it is lost.
+    connected_to: Option<(String, Option<Target>)>,
 }
 
 impl Policy {
@@ -90,7 +92,13 @@ impl Policy {
             fallback: None,
             stale_streak: 0,
             unreachable_streak: 0,
+            connected_to: None,
         }
+    }
+
+    /// A connection opened to `node`; `next` is the `hello`'s `next_url`.
+    pub fn connected(&mut self, node: &str, next: Option<Target>) {
+        self.connected_to = Some((node.to_string(), next));
     }
 
     /// Where the next dial goes.
@@ -144,22 +152,39 @@ impl Policy {
         match outcome {
             Outcome::Ended { code, goaway, lasted } => {
                 self.fallback = None;
+                let (node, next) = self.connected_to.take().unzip();
                 let stable = lasted >= self.stable_after;
                 if stable {
                     self.backoff.reset();
                 }
                 match code {
                     close::SUPERSEDED => Step::Stop(StopReason::Superseded),
-                    _ if goaway || code == close::GOING_AWAY => self.origin_after(Duration::ZERO, "goaway"),
+                    // Straight to where placement sends us now that node is going away.
+                    _ if goaway || code == close::GOING_AWAY => match next.flatten() {
+                        Some(next) => self.dial(next, Duration::ZERO, "goaway", None),
+                        None => self.origin_after(Duration::ZERO, "goaway"),
+                    },
                     close::ROUTE_LOST => self.refusal(None, "route_lost"),
                     close::TRY_AGAIN_LATER => self.refusal(None, "no_quorum"),
                     // The node (or the path to it) went away after serving us a while: not an
                     // overload signal, and refusals before this connection are history. The
                     // fleet it held comes back within one jittered `base` window, from n = 0.
+                    // First to the node its `hello` named for this case, saying which node is gone
+                    // (`?fallback=`) so placement there does not send us back before the cluster
+                    // has suspected it.
                     close::ABNORMAL if lasted >= self.backoff.base() => {
                         self.backoff.reset();
                         let wait = self.backoff.first_reconnect();
-                        self.origin_after(wait, "dropped")
+                        match (node, next.flatten()) {
+                            (Some(node), Some(next)) => {
+                                let target = next.with_param("fallback", &node);
+                                // Should that node be unreachable too, the seeds are asked, still
+                                // leaving the dead one out.
+                                (self.fallback, self.redirected_to) = (Some(node.clone()), Some(node));
+                                self.dial(target, wait, "dropped", None)
+                            }
+                            _ => self.origin_after(wait, "dropped"),
+                        }
                     }
                     _ if stable => {
                         let wait = self.backoff.first_reconnect();
@@ -291,6 +316,30 @@ mod tests {
         // The streak starts again after any other outcome.
         p.next(Outcome::Refused { status: 429, retry_after: None });
         assert_eq!(dial(p.next(Outcome::Unreachable)).2, "unreachable_next");
+    }
+
+    #[test]
+    fn a_lost_connection_goes_first_where_its_hello_said() {
+        let (mut p, mut twin) = policy(9);
+        let next = Target::parse("ws://c:3/ws").unwrap();
+        p.connected("n2", Some(next.clone()));
+        let dropped = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: STABLE };
+        let (url, wait, why, _) = dial(p.next(dropped.clone()));
+        assert_eq!((url.as_str(), why, wait), ("ws://c:3/ws?attempt=1&fallback=n2", "dropped", twin.first_reconnect()));
+        // That node unreachable as well: the seeds, still without the dead node.
+        let (url, wait, why, _) = dial(p.next(Outcome::Unreachable));
+        assert_eq!(
+            (url.as_str(), wait, why),
+            ("ws://a:1/ws?attempt=1&fallback=n2", Duration::ZERO, "redirect_unreachable")
+        );
+        // A drain's goaway also goes there, at once; without a hint, to the seeds.
+        p.connected("n2", Some(next));
+        let goaway = Outcome::Ended { code: close::GOING_AWAY, goaway: true, lasted: STABLE };
+        assert_eq!(dial(p.next(goaway.clone())), ("ws://c:3/ws?attempt=1".to_string(), Duration::ZERO, "goaway", None));
+        p.connected("n2", None);
+        assert_eq!(dial(p.next(goaway)).0, A);
+        // The hint is for the connection it came with: a later drop without one uses the seeds.
+        assert_eq!(dial(p.next(dropped)).2, "dropped");
     }
 
     #[test]

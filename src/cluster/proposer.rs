@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
-use crate::http::HttpClient;
+use crate::http::{HttpClient, HttpError};
 use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
 use crate::raft::types::{Raft, Request};
@@ -176,98 +176,115 @@ async fn run(ctx: Ctx, mut rx: mpsc::Receiver<Pending>, cancel: CancellationToke
             }
         }
         let ctx2 = ctx.clone();
-        ctx.tasks.spawn(
-            async move {
-                write_batch(&ctx2, batch).await;
-                drop(permit);
-            }
-            .in_current_span(),
-        );
+        ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());
     }
 }
 
-/// Proposes one batch as one log entry and hands each caller its reply.
-async fn write_batch(ctx: &Ctx, batch: Vec<Pending>) {
-    let now = ctx.clock.now_ms();
-    let cmds: Vec<Command> = batch
-        .iter()
-        .map(|p| {
-            let mut c = p.cmd.clone();
-            c.stamp(now);
-            c
-        })
-        .collect();
-    let timeout = ctx.timeout;
-    let write = tokio::time::timeout(timeout, ctx.raft.client_write(Request { cmds }));
-    match write.await {
-        Ok(Ok(resp)) => {
-            ctx.metrics.proposed_batches.inc();
-            ctx.metrics.proposed_commands.inc_by(batch.len() as u64);
-            for (p, r) in batch.into_iter().zip(resp.data.replies) {
-                let _ = p.reply.send(Ok(r));
-            }
-        }
-        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-            let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
-            for p in local {
-                let _ = p.reply.send(Err(ProposeError::NoLeader));
-            }
-            match f.leader_node {
-                // Detached: a forward to a frozen leader must not hold an in-flight slot.
-                Some(leader) if !remote.is_empty() => {
-                    let forwarding = forward(ctx.http.clone(), leader.cluster_addr, remote, timeout);
-                    ctx.tasks.spawn(forwarding.in_current_span());
+/// Proposes one batch as one log entry and hands each caller its reply, within the propose
+/// timeout. On a follower the batch is forwarded to the leader. While no leader is known (an
+/// election), or the leader it was sent to cannot be reached (it died), it waits for the next
+/// leader instead of failing at once: a handshake parks through an election rather than making
+/// its device retry into it. Leader duties (`local_only`) fail at once on a non-leader.
+async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
+    let deadline = tokio::time::Instant::now() + ctx.timeout;
+    let mut permit = Some(permit);
+    let mut batch = batch;
+    loop {
+        let now = ctx.clock.now_ms();
+        let cmds: Vec<Command> = batch
+            .iter()
+            .map(|p| {
+                let mut c = p.cmd.clone();
+                c.stamp(now);
+                c
+            })
+            .collect();
+        let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds })).await;
+        // The slot is for local writes only: forwarding and waiting for a leader hold none.
+        drop(permit.take());
+        let f = match write {
+            Ok(Ok(resp)) => {
+                ctx.metrics.proposed_batches.inc();
+                ctx.metrics.proposed_commands.inc_by(batch.len() as u64);
+                for (p, r) in batch.into_iter().zip(resp.data.replies) {
+                    let _ = p.reply.send(Ok(r));
                 }
-                _ => {
-                    for p in remote {
-                        let _ = p.reply.send(Err(ProposeError::NoLeader));
+                return;
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f,
+            Ok(Err(e)) => return answer_all(batch, ProposeError::Rejected(e.to_string())),
+            Err(_) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
+        };
+        let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
+        answer_all(local, ProposeError::NoLeader);
+        batch = remote;
+        if batch.is_empty() {
+            return;
+        }
+        let gone = match (f.leader_id, f.leader_node) {
+            (Some(id), Some(leader)) => match forward(&ctx.http, &leader.cluster_addr, &batch, deadline).await {
+                Ok(replies) => {
+                    for (p, r) in batch.into_iter().zip(replies) {
+                        let _ = p.reply.send(r);
                     }
+                    return;
                 }
-            }
-        }
-        Ok(Err(e)) => {
-            let msg = e.to_string();
-            for p in batch {
-                let _ = p.reply.send(Err(ProposeError::Rejected(msg.clone())));
-            }
-        }
-        Err(_) => {
-            for p in batch {
-                let _ = p.reply.send(Err(ProposeError::Timeout(timeout.as_millis() as u64)));
-            }
+                // The leader is not there (killed): the next one will be.
+                Err(Unreached) => Some(id),
+                Err(Failed(e)) => return answer_all(batch, e),
+            },
+            _ => None,
+        };
+        if !next_leader(&ctx.raft, gone, deadline).await {
+            return answer_all(batch, ProposeError::NoLeader);
         }
     }
 }
 
-async fn forward(http: Arc<HttpClient>, leader: String, batch: Vec<Pending>, timeout: Duration) {
+/// Waits until a leader other than `gone` is known, or `deadline`; whether one is.
+async fn next_leader(raft: &Raft, gone: Option<u64>, deadline: tokio::time::Instant) -> bool {
+    let mut metrics = raft.metrics();
+    let known = metrics.wait_for(|m| m.current_leader.is_some() && m.current_leader != gone);
+    let found = matches!(tokio::time::timeout_at(deadline, known).await, Ok(Ok(_)));
+    found
+}
+
+fn answer_all(batch: Vec<Pending>, e: ProposeError) {
+    for p in batch {
+        let _ = p.reply.send(Err(e.clone()));
+    }
+}
+
+/// Why a forward got no replies.
+enum ForwardFailed {
+    /// No connection to the leader: it is gone (or cut off); another leader is worth waiting for.
+    Unreached,
+    Failed(ProposeError),
+}
+use ForwardFailed::{Failed, Unreached};
+
+/// Sends `batch` to the leader at `leader`; one reply per command, in order.
+async fn forward(
+    http: &HttpClient,
+    leader: &str,
+    batch: &[Pending],
+    deadline: tokio::time::Instant,
+) -> Result<Vec<Result<Reply, ProposeError>>, ForwardFailed> {
     let cmds: Vec<Command> = batch.iter().map(|p| p.cmd.clone()).collect();
-    let result = async {
-        let body = encode(&cmds).map_err(|e| ProposeError::Forward(e.to_string()))?;
-        let (status, bytes) = http
-            .post_bin(&leader, FORWARD_PATH, body, timeout)
-            .await
-            .map_err(|e| ProposeError::Forward(e.to_string()))?;
-        if !status.is_success() {
-            return Err(ProposeError::Forward(format!("{leader} answered {status}")));
-        }
-        decode::<Vec<Result<Reply, ProposeError>>>(&bytes).map_err(|e| ProposeError::Forward(e.to_string()))
+    let failed = |e: String| Failed(ProposeError::Forward(e));
+    let body = encode(&cmds).map_err(|e| failed(e.to_string()))?;
+    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let (status, bytes) = match http.post_bin(leader, FORWARD_PATH, body, timeout).await {
+        Ok(answer) => answer,
+        Err(HttpError::Connect { .. }) => return Err(Unreached),
+        Err(e) => return Err(failed(e.to_string())),
+    };
+    if !status.is_success() {
+        return Err(failed(format!("{leader} answered {status}")));
     }
-    .await;
-    match result {
-        Ok(replies) if replies.len() == batch.len() => {
-            for (p, r) in batch.into_iter().zip(replies) {
-                let _ = p.reply.send(r);
-            }
-        }
-        Ok(_) => {
-            for p in batch {
-                let _ = p.reply.send(Err(ProposeError::Forward("reply count mismatch".into())));
-            }
-        }
-        Err(e) => {
-            for p in batch {
-                let _ = p.reply.send(Err(e.clone()));
-            }
-        }
+    let replies: Vec<Result<Reply, ProposeError>> = decode(&bytes).map_err(|e| failed(e.to_string()))?;
+    if replies.len() != batch.len() {
+        return Err(failed("reply count mismatch".into()));
     }
+    Ok(replies)
 }

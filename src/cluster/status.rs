@@ -48,6 +48,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
         snapshot_index: m.snapshot.map(|l| l.index),
         purged_index: m.purged.map(|l| l.index),
         config: inner.timing.clone(),
+        admission: None,
         members,
         ring: RingStatus {
             version: view.state.ring_version,

@@ -150,6 +150,10 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     // Read after the claim committed: every message up to this head is for `sync`; every later
     // one is pushed to this connection as the log applies it.
     let stream_head = g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head);
+    // Where this device goes if this node fails: placement with this node left out. Told now, it
+    // saves the fleet a dial to a dead node and a redirect each, in the storm that follows.
+    let view = g.cluster.view();
+    let next_url = place(&view, &device, None, None, Some(me), g.cluster.now_ms()).and_then(|n| view.ws_url(n));
     let hello = ServerFrame::Hello {
         device: device.clone(),
         node: g.cluster.member().name.clone(),
@@ -157,6 +161,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         conn,
         route_version: version,
         stream_head,
+        next_url,
     };
     let (cluster, tasks) = (g.cluster.clone(), g.tasks.clone());
     let acker: Acker = Arc::new(move |device: String, seq: u64| {

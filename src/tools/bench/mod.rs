@@ -136,6 +136,10 @@ pub struct Recorder {
     pub ever: AtomicU32,
     pub attempts: AtomicU64,
     pub failures: AtomicU64,
+    /// The longest backoff wait since [`Recorder::reset_waits`], and how many reached the cap.
+    max_wait_us: AtomicU64,
+    waits_at_cap: AtomicU64,
+    cap_us: u64,
 }
 
 #[derive(Default)]
@@ -146,7 +150,8 @@ struct Inner {
 }
 
 impl Recorder {
-    pub fn new(devices: usize) -> Arc<Recorder> {
+    /// `cap`: the devices' backoff cap (a wait that long counts as capped).
+    pub fn new(devices: usize, cap: Duration) -> Arc<Recorder> {
         Arc::new(Recorder {
             start: Instant::now(),
             inner: Mutex::new(Inner {
@@ -158,7 +163,22 @@ impl Recorder {
             ever: AtomicU32::new(0),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            max_wait_us: AtomicU64::new(0),
+            waits_at_cap: AtomicU64::new(0),
+            cap_us: cap.as_micros() as u64,
         })
+    }
+
+    /// Starts counting backoff waits afresh (at a storm's trigger).
+    pub fn reset_waits(&self) {
+        self.max_wait_us.store(0, Ordering::Relaxed);
+        self.waits_at_cap.store(0, Ordering::Relaxed);
+    }
+
+    /// (longest wait, waits at the cap) since the last reset.
+    pub fn waits(&self) -> (Duration, u64) {
+        let max = Duration::from_micros(self.max_wait_us.load(Ordering::Relaxed));
+        (max, self.waits_at_cap.load(Ordering::Relaxed))
     }
 
     pub fn now_us(&self) -> u64 {
@@ -217,7 +237,15 @@ impl Recorder {
             }
             Event::Stopped(StopReason::Shutdown) => return,
             Event::Stopped(r) => Kind::Outcome(format!("stopped ({r:?})")),
-            Event::StoreFailed { .. } | Event::Waiting { .. } | Event::Frame(_) | Event::BadFrame { .. } => return,
+            Event::Waiting { delay, .. } => {
+                let us = delay.as_micros() as u64;
+                self.max_wait_us.fetch_max(us, Ordering::Relaxed);
+                if us >= self.cap_us {
+                    self.waits_at_cap.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+            Event::StoreFailed { .. } | Event::Frame(_) | Event::BadFrame { .. } => return,
         };
         if kind.is_error() {
             self.failures.fetch_add(1, Ordering::Relaxed);
@@ -283,7 +311,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_recorder_tracks_connections_and_latency() {
-        let rec = Recorder::new(2);
+        let rec = Recorder::new(2, Duration::from_secs(30));
         let mut ev = events(rec.clone(), 1);
         ev(Event::Dialing { url: "u".into(), attempt: 1 });
         ev(Event::Refused { status: 429, reason: "rate_limited".into(), retry_after: None });

@@ -76,6 +76,49 @@ pub struct StormReport {
     pub windows: Vec<Window>,
     /// Outcomes after the trigger, by reason.
     pub outcomes: BTreeMap<String, u64>,
+    /// From the trigger until every survivor's ring (its status, polled every 50 ms) left the
+    /// node out.
+    pub ring_converged_ms: Option<u64>,
+    /// The longest backoff wait a device chose after the trigger, and how many waits reached the
+    /// backoff cap.
+    pub max_wait_ms: u64,
+    pub waits_at_cap: u64,
+    /// What `gateway plan-storm` predicts for the same storm, when the cluster's admission is known.
+    pub model: Option<ModelComparison>,
+}
+
+/// The project's own model of this storm next to the measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelComparison {
+    /// The `gateway plan-storm` command line that gives these figures.
+    pub command: String,
+    pub t50_ms: Option<u64>,
+    pub t99_ms: Option<u64>,
+    pub t100_ms: Option<u64>,
+    /// Measured / predicted.
+    pub ratio_t50: Option<f64>,
+    pub ratio_t99: Option<f64>,
+    pub ratio_t100: Option<f64>,
+}
+
+impl ModelComparison {
+    /// Compares `measured` (t50, t99, t100) with the model's report.
+    pub fn new(command: String, model: &crate::tools::plan::StormReport, measured: [Option<u64>; 3]) -> Self {
+        let predicted = [model.p50_connected_ms, model.p99_connected_ms, model.all_connected_ms];
+        let ratio = |k: usize| match (measured[k], predicted[k]) {
+            (Some(m), Some(p)) if p > 0 => Some((m as f64 / p as f64 * 100.0).round() / 100.0),
+            _ => None,
+        };
+        ModelComparison {
+            command,
+            t50_ms: predicted[0],
+            t99_ms: predicted[1],
+            t100_ms: predicted[2],
+            ratio_t50: ratio(0),
+            ratio_t99: ratio(1),
+            ratio_t100: ratio(2),
+        }
+    }
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>, unit: &str) -> String {
@@ -157,6 +200,22 @@ impl Report {
                 opt(st.t99_ms, " ms"),
                 opt(st.t100_ms, " ms")
             );
+            let _ = writeln!(s, "every survivor's ring without {}: {}", st.node, opt(st.ring_converged_ms, " ms"));
+            let _ = writeln!(s, "longest backoff wait {} ms; waits at the cap: {}", st.max_wait_ms, st.waits_at_cap);
+            if let Some(m) = &st.model {
+                let ratio = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}x"));
+                let _ = writeln!(
+                    s,
+                    "model ({}): 50% {}  99% {}  100% {}; measured/model {} / {} / {}",
+                    m.command,
+                    opt(m.t50_ms, " ms"),
+                    opt(m.t99_ms, " ms"),
+                    opt(m.t100_ms, " ms"),
+                    ratio(m.ratio_t50),
+                    ratio(m.ratio_t99),
+                    ratio(m.ratio_t100)
+                );
+            }
             let _ = writeln!(s, "outcomes after the trigger");
             for (k, v) in &st.outcomes {
                 let _ = writeln!(s, "  {k:<32} {v:>8}");
@@ -219,6 +278,10 @@ mod tests {
                 window_ms: 250,
                 windows: vec![Window { t_ms: 0, attempts: 1, accepts: 1, failures: 0 }],
                 outcomes: BTreeMap::new(),
+                ring_converged_ms: Some(20),
+                max_wait_ms: 800,
+                waits_at_cap: 0,
+                model: None,
             }),
             elapsed_ms: 300,
         }
@@ -249,7 +312,7 @@ mod tests {
         }
         assert!(v["memory"][0]["bytes_per_connection"].is_null(), "unknown memory is null, not invented");
         let st = &v["storm"];
-        for k in ["affected", "rehomed", "t50_ms", "t99_ms", "t100_ms", "windows", "outcomes"] {
+        for k in ["affected", "rehomed", "t50_ms", "t99_ms", "t100_ms", "windows", "outcomes", "max_wait_ms", "model"] {
             assert!(st.get(k).is_some(), "storm lacks {k}: {st}");
         }
         assert_eq!(st["windows"][0]["attempts"], 1);

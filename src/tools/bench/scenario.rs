@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::report::{NodeMemory, Report, StormReport};
+use super::report::{ModelComparison, NodeMemory, Report, StormReport};
 use super::stats::{self, Kind};
 use super::sys;
 use super::{device_config, events, BenchArgs, BenchError, CommonArgs, Recorder, Scenario};
@@ -18,6 +18,7 @@ use crate::client::device::{Device, MemoryStore};
 use crate::http::HttpClient;
 use crate::secrets;
 use crate::tools::admin::Admin;
+use crate::tools::plan::{Admission, Jitter, StormModel};
 
 const WINDOW_US: u64 = 250_000;
 const CALL: Duration = Duration::from_secs(5);
@@ -94,6 +95,43 @@ fn memory(before: &Sample, after: &Sample) -> Vec<NodeMemory> {
             }
         })
         .collect()
+}
+
+/// What `gateway plan-storm` predicts for this storm: the affected devices coming back through the
+/// survivors' admission buckets, with the devices' own backoff (full jitter, a first reconnect
+/// within `base`, `Retry-After: 1`).
+fn model(
+    c: &CommonArgs,
+    status: &crate::wire::StatusReport,
+    node: &str,
+    devices: u32,
+    measured: [Option<u64>; 3],
+) -> Option<ModelComparison> {
+    let admission = status.admission?;
+    let survivors = status.ring.live.iter().filter(|n| *n != node).count() as u32;
+    let device = device_config(c, 0, "", &[]);
+    let (rate, burst) = (admission.rate_per_s.round() as u64, u64::from(admission.burst));
+    let (base_ms, cap_ms) = (device.base.as_millis() as u64, device.cap.as_millis() as u64);
+    if devices == 0 || survivors == 0 || rate == 0 {
+        return None;
+    }
+    let storm = StormModel {
+        devices,
+        admission: Admission::TokenBucket { rate_per_s: rate, burst, nodes: survivors },
+        slot_ms: 10,
+        base_ms,
+        cap_ms,
+        jitter: Jitter::Full,
+        initial_jitter: true,
+        retry_after_s: 1,
+        seed: 1,
+        max_seconds: 86_400,
+    };
+    let predicted = crate::tools::plan::simulate(&storm).ok()?;
+    let command = format!(
+        "plan-storm --devices {devices} --nodes {survivors} --rate {rate} --burst {burst} --base-ms {base_ms} --cap-ms {cap_ms}"
+    );
+    Some(ModelComparison::new(command, &predicted, measured))
 }
 
 /// Polls `done` every 50 ms until it holds or `bound` passes; true if it held.
@@ -177,7 +215,8 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let before = ctx.sample().await;
 
     // Devices, spawned by a pacer (--ramp), and the progress line.
-    let rec = Recorder::new(n as usize);
+    let cap = device_config(c, 0, "", &[]).cap;
+    let rec = Recorder::new(n as usize, cap);
     let stop = CancellationToken::new();
     let spawner: JoinHandle<Vec<JoinHandle<()>>> = {
         let (rec, stop, c, sources) = (rec.clone(), stop.clone(), c.clone(), sources.clone());
@@ -242,6 +281,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
             if affected.is_empty() {
                 eprintln!("bench: no device of this process is connected to {node} (per node: {:?})", rec.per_node());
             }
+            // The storm the model is given: the survivors and their admission, as the cluster says.
+            let plan = match &ctx.admin {
+                Some((admin, _, cluster)) => admin.status(cluster).await.ok(),
+                None => None,
+            };
+            rec.reset_waits();
             let trigger_us = rec.now_us();
             eprintln!("bench: {event} {node} with {} devices on it", affected.len());
             match &t {
@@ -251,15 +296,42 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                 }
                 Trigger::Kill { pid, .. } => sys::kill9(*pid)?,
             }
+            // Watch the survivors' rings drop the node, from outside, while the devices re-home.
+            let converged = {
+                let (admin, plan, node, rec) = (ctx.admin.clone(), plan.clone(), node.clone(), rec.clone());
+                tokio::spawn(async move {
+                    let (admin, _, _) = admin?;
+                    let survivors: Vec<String> =
+                        plan?.members.into_iter().filter(|m| m.name != node).map(|m| m.cluster_addr).collect();
+                    let deadline = Instant::now() + Duration::from_secs(timeout);
+                    while Instant::now() < deadline {
+                        let mut out = 0;
+                        for addr in &survivors {
+                            if admin.status(addr).await.is_ok_and(|s| !s.ring.live.contains(&node)) {
+                                out += 1;
+                            }
+                        }
+                        if out == survivors.len() {
+                            return Some(rec.now_us().saturating_sub(trigger_us) / 1000);
+                        }
+                        sleep(Duration::from_millis(50)).await;
+                    }
+                    None
+                })
+            };
             let done = wait_for(Duration::from_secs(timeout), || {
                 rec.up.load(Ordering::Relaxed) == n
                     && rec.with_log(|log| stats::rehome_delays(log, trigger_us, &affected).len()) == affected.len()
             })
             .await;
             let end_us = rec.now_us();
+            let ring_converged_ms = converged.await.ok().flatten();
+            let (max_wait, waits_at_cap) = rec.waits();
             storm_report = Some(rec.with_log(|log| {
                 let delays = stats::rehome_delays(log, trigger_us, &affected);
                 let total = affected.len();
+                let measured = [0.5, 0.99, 1.0].map(|f| stats::time_to_fraction(&delays, total, f).map(|us| us / 1000));
+                let model = plan.as_ref().and_then(|st| model(c, st, &node, total as u32, measured));
                 StormReport {
                     event: event.into(),
                     node,
@@ -273,6 +345,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                     window_ms: WINDOW_US / 1000,
                     windows: stats::windows(log, trigger_us, end_us, WINDOW_US),
                     outcomes: stats::outcomes(log, trigger_us, u64::MAX),
+                    ring_converged_ms,
+                    max_wait_ms: max_wait.as_millis() as u64,
+                    waits_at_cap,
+                    model,
                 }
             }));
         }
