@@ -109,6 +109,11 @@ impl<R: Entropy> Backoff<R> {
         self.failures = 0;
     }
 
+    /// Sets `n`: the next refusal waits as the `n`-th would.
+    pub fn set_failures(&mut self, n: u32) {
+        self.failures = n;
+    }
+
     /// Refusals since the last reset (the `n` in `base·2^n`).
     pub fn failures(&self) -> u32 {
         self.failures

@@ -72,6 +72,8 @@ pub struct Policy {
     unreachable_streak: usize,
     /// The node of the current connection, and where its `hello` said to go if it is lost.
     connected_to: Option<(String, Option<Target>)>,
+    /// Connections in a row that ended before they were stable.
+    early_drops: u32,
 }
 
 impl Policy {
@@ -93,6 +95,7 @@ impl Policy {
             stale_streak: 0,
             unreachable_streak: 0,
             connected_to: None,
+            early_drops: 0,
         }
     }
 
@@ -154,6 +157,9 @@ impl Policy {
                 self.fallback = None;
                 let (node, next) = self.connected_to.take().unzip();
                 let stable = lasted >= self.stable_after;
+                let served = stable || (code == close::ABNORMAL && lasted >= self.backoff.base());
+                let early = !served;
+                self.early_drops = if early { self.early_drops + 1 } else { 0 };
                 if stable {
                     self.backoff.reset();
                 }
@@ -191,8 +197,13 @@ impl Policy {
                         self.origin_after(wait, "dropped")
                     }
                     // A connection that keeps dropping early is treated like a refusal, so a
-                    // node that accepts and closes at once is not hammered at `base` forever.
-                    _ => self.refusal(None, "dropped_early"),
+                    // node that accepts and closes at once is not hammered at `base` forever:
+                    // the backoff grows with the early drops in a row (refusals before the
+                    // connection opened are history: the cluster did admit us).
+                    _ => {
+                        self.backoff.set_failures(self.early_drops - 1);
+                        self.refusal(None, "dropped_early")
+                    }
                 }
             }
             Outcome::Refused { status: 401, .. } => Step::Stop(StopReason::Unauthorized),
@@ -355,10 +366,17 @@ mod tests {
         assert_eq!((url.as_str(), why, wait), (A, "dropped", twin.first_reconnect()));
         assert!(wait <= BASE);
         assert_eq!(p.backoff().failures(), 0);
-        // Dropped within one base of connecting: treated like a refusal, as before.
+        // Dropped within one base of connecting: treated like a refusal, growing with such drops
+        // in a row, but not with the refusals before the connection opened.
         let quick = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: BASE / 2 };
-        assert_eq!(dial(p.next(quick)).2, "dropped_early");
+        assert_eq!(dial(p.next(quick.clone())).2, "dropped_early");
         assert_eq!(p.backoff().failures(), 1);
+        for _ in 0..6 {
+            p.next(Outcome::Refused { status: 429, retry_after: None });
+        }
+        let (_, wait, _, _) = dial(p.next(quick));
+        assert_eq!(p.backoff().failures(), 2, "the second early drop in a row: n = 1 when it waited");
+        assert!(wait <= 2 * BASE, "{wait:?}: not the 429s' backoff");
     }
 
     #[test]
