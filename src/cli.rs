@@ -222,6 +222,12 @@ pub struct ServeArgs {
     /// Largest payload a backend may publish [default: 65536].
     #[arg(long, env = "GATEWAY_MAX_PAYLOAD_BYTES")]
     pub max_payload_bytes: Option<usize>,
+    /// How long a publish's Idempotency-Key is remembered, acked or not [default: 86400000].
+    #[arg(long, env = "GATEWAY_IDEMPOTENCY_MS")]
+    pub idempotency_ms: Option<u64>,
+    /// Most Idempotency-Keys remembered per device, oldest forgotten first [default: 1000].
+    #[arg(long, env = "GATEWAY_IDEMPOTENCY_KEYS")]
+    pub idempotency_keys: Option<u64>,
 }
 
 impl ServeArgs {
@@ -257,6 +263,8 @@ impl ServeArgs {
             retain_count: self.retain_count,
             retain_ms: self.retain_ms,
             max_payload_bytes: self.max_payload_bytes,
+            idempotency_ms: self.idempotency_ms,
+            idempotency_keys: self.idempotency_keys,
         }
     }
 }

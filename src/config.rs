@@ -39,6 +39,8 @@ pub struct FileConfig {
     pub retain_count: Option<u64>,
     pub retain_ms: Option<u64>,
     pub max_payload_bytes: Option<usize>,
+    pub idempotency_ms: Option<u64>,
+    pub idempotency_keys: Option<u64>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -103,6 +105,11 @@ pub struct DeviceConfig {
     pub retain_ms: u64,
     /// Largest message payload a backend may publish (JSON text).
     pub max_payload_bytes: usize,
+    /// How long a publish's `Idempotency-Key` is remembered (a retry within it is a duplicate,
+    /// whether or not its message was acked or trimmed).
+    pub idempotency_ms: u64,
+    /// Most idempotency keys remembered per device (the oldest are forgotten first).
+    pub idempotency_keys: u64,
 }
 
 impl Default for DeviceConfig {
@@ -121,6 +128,8 @@ impl Default for DeviceConfig {
             retain_count: 1000,
             retain_ms: 86_400_000,
             max_payload_bytes: 64 * 1024,
+            idempotency_ms: 86_400_000,
+            idempotency_keys: 1_000,
         }
     }
 }
@@ -206,6 +215,8 @@ impl Config {
             retain_count: flags.retain_count.or(file.retain_count).unwrap_or(dd.retain_count),
             retain_ms: flags.retain_ms.or(file.retain_ms).unwrap_or(dd.retain_ms),
             max_payload_bytes: flags.max_payload_bytes.or(file.max_payload_bytes).unwrap_or(dd.max_payload_bytes),
+            idempotency_ms: flags.idempotency_ms.or(file.idempotency_ms).unwrap_or(dd.idempotency_ms),
+            idempotency_keys: flags.idempotency_keys.or(file.idempotency_keys).unwrap_or(dd.idempotency_keys),
         };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);

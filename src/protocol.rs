@@ -3,6 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The largest `attempt` a handshake may carry (2^53: exact in every JSON number, and out of
+/// reach of any honest counter). A larger one is refused `400 bad_attempt`, so no token holder can
+/// pin a device's floor where no later attempt can beat it; clients saturate here.
+pub const MAX_ATTEMPT: u64 = 1 << 53;
+
 /// Close codes a device can see, and what it should do about each.
 pub mod close {
     /// Normal closure (idle timeout, client asked).

@@ -11,6 +11,7 @@ use crate::answer::{self, json, Resp};
 use crate::cluster::membership::MembershipError;
 use crate::machine::{Claim, ClaimReply, NodeId};
 use crate::metrics::ResultLabel;
+use crate::protocol::MAX_ATTEMPT;
 use crate::token::valid_device_id;
 use crate::wire::{AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, NodeRef, PromoteRequest};
 
@@ -230,6 +231,9 @@ pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
     };
+    if req.attempt > MAX_ATTEMPT {
+        return error(StatusCode::BAD_REQUEST, "bad_attempt", "attempt must be at most 2^53");
+    }
     let me = api.cluster.me();
     let claim = Claim { device: device.to_string(), node: me, conn: req.conn, epoch: req.epoch, attempt: req.attempt };
     let reply = api.cluster.claim(claim).await;

@@ -38,6 +38,8 @@ pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) 
         at_ms: 0,
         keep_count: api.device.retain_count,
         keep_age_ms: api.device.retain_ms,
+        keep_key_ms: api.device.idempotency_ms,
+        max_keys: api.device.idempotency_keys,
     };
     // An unavailable answer may still commit: retry with the same Idempotency-Key.
     match answer::publish(api.cluster.publish(publish).await) {

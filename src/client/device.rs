@@ -24,7 +24,7 @@ use super::backoff::Backoff;
 use super::dial::{dial, Answer, Target, Ws};
 pub use super::policy::StopReason;
 use super::policy::{Outcome, Policy, Step};
-use crate::protocol::{close, ClientFrame, ServerFrame};
+use crate::protocol::{close, ClientFrame, ServerFrame, MAX_ATTEMPT};
 
 /// How one device connects and backs off.
 #[derive(Debug, Clone)]
@@ -221,7 +221,8 @@ impl Device {
         let mut policy = Policy::new(seeds, self.cfg.epoch, self.cfg.stable_after, backoff);
         let mut since = Instant::now();
         let reason = loop {
-            let attempt = self.store.load().max(self.last) + 1;
+            // Saturates at the server's bound (a floor pinned there needs a new install epoch).
+            let attempt = self.store.load().max(self.last).saturating_add(1).min(MAX_ATTEMPT);
             self.persist(attempt, &mut events);
             let target = policy.current().clone();
             events(Event::Dialing { url: target.url(attempt), attempt });

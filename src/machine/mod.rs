@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use claim::{Claim, ClaimReply, Release};
 pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
-pub use stream::{Ack, Delivery, Head, Message, Publish, PublishReply, StreamRead};
+pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
 pub use types::{Floor, LeaseState, Member, NodeId, NodeLease, Route, Superseded};
 

@@ -353,7 +353,7 @@ pub fn snapshot_round_trip<B: Backend>(before: Vec<Step>, after: Vec<Step>) {
 
 #[derive(Debug, Clone)]
 pub enum StreamOp {
-    Publish { dev: usize, key: Option<u8>, dt: u64, keep_count: u64, keep_age_ms: u64 },
+    Publish { dev: usize, key: Option<u8>, dt: u64, keep_count: u64, keep_age_ms: u64, keep_key_ms: u64, max_keys: u64 },
     Ack { dev: usize, seq: u64 },
 }
 
@@ -364,18 +364,42 @@ struct Stream {
     head: u64,
     /// (seq, at_ms, payload, key)
     retained: VecDeque<(u64, u64, String, Option<String>)>,
+    /// key → (seq, used at)
+    keys: BTreeMap<String, (u64, u64)>,
 }
 
 impl Stream {
-    fn dup(&self, key: &str) -> Option<u64> {
-        self.retained.iter().find(|m| m.3.as_deref() == Some(key)).map(|m| m.0)
+    /// The seq a key got, if it was used within `window` of `now`.
+    fn dup(&self, key: &str, now: u64, window: u64) -> Option<u64> {
+        self.keys.get(key).filter(|(_, at)| at.saturating_add(window) >= now).map(|(seq, _)| *seq)
+    }
+
+    /// Forgets keys used before `now - window`, then the oldest ones beyond `max`.
+    fn prune_keys(&mut self, now: u64, window: u64, max: u64) {
+        self.keys.retain(|_, (_, at)| *at >= now.saturating_sub(window));
+        while self.keys.len() as u64 > max {
+            let oldest = self.keys.iter().min_by_key(|(_, (seq, at))| (*at, *seq)).map(|(k, _)| k.clone()).unwrap();
+            self.keys.remove(&oldest);
+        }
     }
 }
 
 fn stream_op() -> impl Strategy<Value = StreamOp> {
     prop_oneof![
-        3 => (0..2usize, prop::option::of(0..3u8), 0..60u64, 0..6u64, prop_oneof![Just(FOREVER), 0..150u64])
-            .prop_map(|(dev, key, dt, keep_count, keep_age_ms)| StreamOp::Publish { dev, key, dt, keep_count, keep_age_ms }),
+        3 => (
+            (0..2usize, prop::option::of(0..4u8), 0..60u64),
+            (0..6u64, prop_oneof![Just(FOREVER), 0..150u64]),
+            (prop_oneof![Just(FOREVER), 0..150u64], prop_oneof![Just(u64::MAX), 0..4u64]),
+        )
+            .prop_map(|((dev, key, dt), (keep_count, keep_age_ms), (keep_key_ms, max_keys))| StreamOp::Publish {
+                dev,
+                key,
+                dt,
+                keep_count,
+                keep_age_ms,
+                keep_key_ms,
+                max_keys
+            }),
         1 => (0..2usize, 0..25u64).prop_map(|(dev, seq)| StreamOp::Ack { dev, seq }),
     ]
 }
@@ -395,18 +419,35 @@ pub fn streams_match_a_model<B: Backend>(entries: Vec<Vec<StreamOp>>) {
         let mut want = Vec::new();
         for op in ops {
             match op {
-                StreamOp::Publish { dev, key, dt, keep_count, keep_age_ms } => {
+                StreamOp::Publish { dev, key, dt, keep_count, keep_age_ms, keep_key_ms, max_keys } => {
                     now += dt;
                     n += 1;
                     let key = key.map(|k| format!("k{k}"));
                     let payload = format!("{{\"n\":{n}}}");
-                    cmds.push(publish(DEVICES[dev], &payload, key.as_deref(), now, keep_count, keep_age_ms));
+                    let (device, at_ms) = (DEVICES[dev].to_string(), now);
+                    cmds.push(
+                        Publish {
+                            device,
+                            payload: payload.clone(),
+                            key: key.clone(),
+                            at_ms,
+                            keep_count,
+                            keep_age_ms,
+                            keep_key_ms,
+                            max_keys,
+                        }
+                        .into(),
+                    );
                     let s = &mut model[dev];
-                    if let Some(seq) = key.as_deref().and_then(|k| s.dup(k)) {
+                    if let Some(seq) = key.as_deref().and_then(|k| s.dup(k, now, keep_key_ms)) {
                         want.push(published(seq, true));
                         continue;
                     }
                     s.head += 1;
+                    if let Some(k) = &key {
+                        s.keys.insert(k.clone(), (s.head, now));
+                    }
+                    s.prune_keys(now, keep_key_ms, max_keys);
                     s.retained.push_back((s.head, now, payload, key));
                     while s.retained.len() as u64 > keep_count
                         || s.retained.front().is_some_and(|m| m.1.saturating_add(keep_age_ms) < now)
@@ -438,7 +479,7 @@ pub fn streams_match_a_model<B: Backend>(entries: Vec<Vec<StreamOp>>) {
         for (d, s) in DEVICES.iter().zip(&model) {
             let r = sm.read(d, 0, usize::MAX);
             let oldest = s.retained.front().map_or(s.head + 1, |m| m.0);
-            assert_eq!(r.head, Head { head: s.head, oldest }, "{d}");
+            assert_eq!(r.head, Head { head: s.head, oldest, keys: s.keys.len() as u64 }, "{d}");
             let want: Vec<(u64, Message)> = s
                 .retained
                 .iter()
@@ -448,7 +489,7 @@ pub fn streams_match_a_model<B: Backend>(entries: Vec<Vec<StreamOp>>) {
                 .collect();
             assert_eq!(&r.messages, &want, "{d}");
             assert!(r.messages.windows(2).all(|w| w[0].0 < w[1].0), "seqs not increasing on {d}");
-            let keys: BTreeMap<String, u64> = s.retained.iter().filter_map(|m| m.3.clone().map(|k| (k, m.0))).collect();
+            let keys: BTreeMap<String, u64> = s.keys.iter().map(|(k, (seq, _))| (k.clone(), *seq)).collect();
             assert_eq!(idem(&sm, d).into_iter().collect::<BTreeMap<_, _>>(), keys, "{d}");
         }
     }

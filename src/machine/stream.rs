@@ -1,7 +1,9 @@
 //! Per-device message streams (design §6, V5): a publish appends the next seq (or answers the
 //! seq its idempotency key already got), retention drops by count and age (both carried in the
 //! command: apply reads no config and no clock), an ack trims what the device confirmed. A
-//! publish to a device that never connected has no stream.
+//! publish to a device that never connected has no stream. Idempotency keys live for their own
+//! window and count bound, independent of acks and retention: a retry within the window is a
+//! duplicate even after its message was delivered and trimmed.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,18 +19,27 @@ pub struct Message {
     pub key: Option<String>,
 }
 
-/// A stream's bounds: messages `oldest..=head` are retained (`oldest = head + 1` when none is).
+/// A stream's bounds: messages `oldest..=head` are retained (`oldest = head + 1` when none is);
+/// `keys` idempotency keys are remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Head {
     pub head: u64,
     pub oldest: u64,
+    pub keys: u64,
 }
 
 impl Default for Head {
     /// A stream that never had a message.
     fn default() -> Head {
-        Head { head: 0, oldest: 1 }
+        Head { head: 0, oldest: 1, keys: 0 }
     }
+}
+
+/// An idempotency key's use: the seq its publish got, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyUse {
+    pub seq: u64,
+    pub at_ms: u64,
 }
 
 /// What a reader gets: the bounds, and the retained messages after a cursor.
@@ -48,8 +59,9 @@ pub struct Delivery {
     pub payload: String,
 }
 
-/// Appends a message to a known device's stream (idempotent per `key`), then trims the stream to
-/// `keep_count` messages and to those newer than `at_ms - keep_age_ms`.
+/// Appends a message to a known device's stream (idempotent per `key` for `keep_key_ms`), then
+/// trims the stream to `keep_count` messages and to those newer than `at_ms - keep_age_ms`, and
+/// the device's keys to those used within `keep_key_ms`, at most `max_keys` of them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Publish {
     pub device: String,
@@ -58,6 +70,8 @@ pub struct Publish {
     pub at_ms: u64,
     pub keep_count: u64,
     pub keep_age_ms: u64,
+    pub keep_key_ms: u64,
+    pub max_keys: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,8 +92,11 @@ impl Apply for Publish {
             return Ok(PublishReply::NoSuchDevice);
         }
         if let Some(key) = &self.key {
-            if let Some(seq) = t.idempotent(device, key)? {
-                return Ok(PublishReply::Published { seq, duplicate: true });
+            match t.idempotent(device, key)? {
+                Some(used) if used.at_ms.saturating_add(self.keep_key_ms) >= self.at_ms => {
+                    return Ok(PublishReply::Published { seq: used.seq, duplicate: true });
+                }
+                _ => {}
             }
         }
         let mut h = t.head(device)?.unwrap_or_default();
@@ -87,17 +104,30 @@ impl Apply for Publish {
         let msg = Message { at_ms: self.at_ms, payload: self.payload, key: self.key };
         t.put_message(device, h.head, &msg)?;
         if let Some(key) = &msg.key {
-            t.put_idempotent(device, key, h.head)?;
+            if let Some(expired) = t.idempotent(device, key)? {
+                t.remove_idempotent(device, key, expired)?;
+                h.keys -= 1;
+            }
+            t.put_idempotent(device, key, KeyUse { seq: h.head, at_ms: self.at_ms })?;
+            h.keys += 1;
+        }
+        // Keys: those used within the window, the newest `max_keys` of them.
+        let key_cutoff = self.at_ms.saturating_sub(self.keep_key_ms);
+        while let Some((key, used)) = t.oldest_key(device)? {
+            if used.at_ms >= key_cutoff && h.keys <= self.max_keys {
+                break;
+            }
+            t.remove_idempotent(device, &key, used)?;
+            h.keys -= 1;
         }
         let cutoff = self.at_ms.saturating_sub(self.keep_age_ms);
         while h.oldest <= h.head {
             let count = h.head - h.oldest + 1;
-            let old = t.message(device, h.oldest)?;
-            let expired = old.as_ref().is_some_and(|m| m.at_ms < cutoff);
+            let expired = t.message(device, h.oldest)?.is_some_and(|m| m.at_ms < cutoff);
             if count <= self.keep_count && !expired {
                 break;
             }
-            drop_message(t, device, h.oldest, old)?;
+            t.remove_message(device, h.oldest)?;
             h.oldest += 1;
         }
         t.put_head(device, &h)?;
@@ -132,8 +162,7 @@ impl Apply for Ack {
         let upto = self.seq.min(h.head);
         let mut trimmed = 0;
         while h.oldest <= upto {
-            let old = t.message(device, h.oldest)?;
-            drop_message(t, device, h.oldest, old)?;
+            t.remove_message(device, h.oldest)?;
             h.oldest += 1;
             trimmed += 1;
         }
@@ -142,12 +171,4 @@ impl Apply for Ack {
         }
         Ok(trimmed)
     }
-}
-
-fn drop_message<T: Tables>(t: &mut T, device: &str, seq: u64, msg: Option<Message>) -> Result<(), T::Error> {
-    t.remove_message(device, seq)?;
-    if let Some(key) = msg.and_then(|m| m.key) {
-        t.remove_idempotent(device, &key)?;
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! transaction; `mem::MemTables` implements it on maps for the domain's own tests. The node
 //! leases, membership and cluster id are not tables: they live in [`super::State`], in memory.
 
-use super::stream::{Head, Message};
+use super::stream::{Head, KeyUse, Message};
 use super::types::{Floor, NodeId, Route};
 
 /// Point reads and writes of one apply transaction. Errors are the backend's (I/O, decoding) and
@@ -27,10 +27,14 @@ pub trait Tables {
     fn put_message(&mut self, device: &str, seq: u64, msg: &Message) -> Result<(), Self::Error>;
     fn remove_message(&mut self, device: &str, seq: u64) -> Result<(), Self::Error>;
 
-    /// The seq an idempotency key of the device was given.
-    fn idempotent(&self, device: &str, key: &str) -> Result<Option<u64>, Self::Error>;
-    fn put_idempotent(&mut self, device: &str, key: &str, seq: u64) -> Result<(), Self::Error>;
-    fn remove_idempotent(&mut self, device: &str, key: &str) -> Result<(), Self::Error>;
+    /// The use of one of the device's idempotency keys.
+    fn idempotent(&self, device: &str, key: &str) -> Result<Option<KeyUse>, Self::Error>;
+    /// Records a key's use and indexes it by (time, seq) for [`Tables::oldest_key`].
+    fn put_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), Self::Error>;
+    /// Forgets a key (and its index entry: `used` is what was recorded).
+    fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), Self::Error>;
+    /// The device's key used longest ago.
+    fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, Self::Error>;
 }
 
 /// In-memory tables: the reference backend for the domain's tests (and the model they compare
@@ -49,7 +53,9 @@ pub mod mem {
         pub floors: BTreeMap<String, Floor>,
         pub heads: BTreeMap<String, Head>,
         pub messages: BTreeMap<(String, u64), Message>,
-        pub idempotency: BTreeMap<(String, String), u64>,
+        pub idempotency: BTreeMap<(String, String), KeyUse>,
+        /// (device, at_ms, seq) → key: the keys in the order they were used.
+        pub key_order: BTreeMap<(String, u64, u64), String>,
     }
 
     impl Tables for MemTables {
@@ -97,16 +103,23 @@ pub mod mem {
             self.messages.remove(&(device.to_string(), seq));
             Ok(())
         }
-        fn idempotent(&self, device: &str, key: &str) -> Result<Option<u64>, Infallible> {
+        fn idempotent(&self, device: &str, key: &str) -> Result<Option<KeyUse>, Infallible> {
             Ok(self.idempotency.get(&(device.to_string(), key.to_string())).copied())
         }
-        fn put_idempotent(&mut self, device: &str, key: &str, seq: u64) -> Result<(), Infallible> {
-            self.idempotency.insert((device.to_string(), key.to_string()), seq);
+        fn put_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), Infallible> {
+            self.idempotency.insert((device.to_string(), key.to_string()), used);
+            self.key_order.insert((device.to_string(), used.at_ms, used.seq), key.to_string());
             Ok(())
         }
-        fn remove_idempotent(&mut self, device: &str, key: &str) -> Result<(), Infallible> {
+        fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), Infallible> {
             self.idempotency.remove(&(device.to_string(), key.to_string()));
+            self.key_order.remove(&(device.to_string(), used.at_ms, used.seq));
             Ok(())
+        }
+        fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, Infallible> {
+            let from = (device.to_string(), 0, 0);
+            let first = self.key_order.range(from..).next().filter(|((d, ..), _)| d == device);
+            Ok(first.map(|((_, at_ms, seq), key)| (key.clone(), KeyUse { seq: *seq, at_ms: *at_ms })))
         }
     }
 }

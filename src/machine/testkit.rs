@@ -207,8 +207,35 @@ pub fn publish(
     keep_count: u64,
     keep_age_ms: u64,
 ) -> Command {
-    Publish { device: device.into(), payload: payload.into(), key: key.map(Into::into), at_ms, keep_count, keep_age_ms }
-        .into()
+    let key = key.map(Into::into);
+    let (keep_key_ms, max_keys) = (u64::MAX, u64::MAX);
+    Publish {
+        device: device.into(),
+        payload: payload.into(),
+        key,
+        at_ms,
+        keep_count,
+        keep_age_ms,
+        keep_key_ms,
+        max_keys,
+    }
+    .into()
+}
+
+/// A publish that keeps every message, and keys for `keep_key_ms`, at most `max_keys`.
+pub fn publish_keyed(device: &str, payload: &str, key: &str, at_ms: u64, keep_key_ms: u64, max_keys: u64) -> Command {
+    let (keep_count, keep_age_ms, key) = (u64::MAX, u64::MAX, Some(key.to_string()));
+    Publish {
+        device: device.into(),
+        payload: payload.into(),
+        key,
+        at_ms,
+        keep_count,
+        keep_age_ms,
+        keep_key_ms,
+        max_keys,
+    }
+    .into()
 }
 
 pub fn ack(device: &str, seq: u64) -> Command {
@@ -269,7 +296,8 @@ macro_rules! backend_tests {
         );
         $crate::machine::testkit::backend_tests!(@each $backend, stream_tests:
             publish_needs_a_known_device_then_seqs_count_up_and_reads_page,
-            idempotency_keys_dedupe_until_their_message_is_trimmed,
+            idempotency_keys_dedupe_within_their_window_whatever_was_trimmed,
+            idempotency_keys_expire_after_their_window_and_are_bounded_per_device,
             retention_by_count_and_age_moves_oldest_and_spares_other_devices,
             ack_trims_up_to_min_of_seq_and_head_idempotently_and_never_moves_head,
             snapshot_round_trip_keeps_streams_and_idempotency,

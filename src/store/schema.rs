@@ -21,15 +21,18 @@ pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 pub(super) const STREAMS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("streams");
 /// device → stream head (codec).
 pub(super) const HEADS: TableDefinition<&str, &[u8]> = TableDefinition::new("stream_heads");
-/// (device, idempotency key) → seq.
-pub(super) const IDEMPOTENCY: TableDefinition<(&str, &str), u64> = TableDefinition::new("idempotency");
+/// (device, idempotency key) → its use: seq and time (codec).
+pub(super) const IDEMPOTENCY: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("idempotency");
+/// (device, used at ms, seq) → idempotency key: a device's keys oldest first, for the window and
+/// the count bound.
+pub(super) const KEY_ORDER: TableDefinition<(&str, u64, u64), &str> = TableDefinition::new("key_order");
 
 /// Not state: the last built (or installed) snapshot, kept for followers that need it.
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
-pub(super) static STATE_TABLES: [&dyn RawTable; 8] =
-    [&ROUTES, &FLOORS, &NODE_ROUTES, &NODES, &META, &STREAMS, &HEADS, &IDEMPOTENCY];
+pub(super) static STATE_TABLES: [&dyn RawTable; 9] =
+    [&ROUTES, &FLOORS, &NODE_ROUTES, &NODES, &META, &STREAMS, &HEADS, &IDEMPOTENCY, &KEY_ORDER];
 
 /// A table's rows as redb's own key and value bytes, in key order. Snapshots carry these: their
 /// layout is redb's fixed-width/length-prefixed encoding of the key and value types above (stable

@@ -11,11 +11,11 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableM
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
-    Rows, FLOORS, HEADS, IDEMPOTENCY, META, NODES, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS,
+    Rows, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, META, NODES, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS,
 };
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::machine::{Floor, Head, Message, NodeId, Route, State, StreamRead, Tables};
+use crate::machine::{Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables};
 
 /// The layout of this file, written when it is created: a file of another layout is refused
 /// with a clear error, never misread. 2: the table registry (`store::schema`) and the adapter's
@@ -235,7 +235,8 @@ pub struct StateTxn<'t> {
     meta: Table<'t, &'static str, &'static [u8]>,
     streams: Table<'t, (&'static str, u64), &'static [u8]>,
     heads: Table<'t, &'static str, &'static [u8]>,
-    idem: Table<'t, (&'static str, &'static str), u64>,
+    idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
+    key_order: Table<'t, (&'static str, u64, u64), &'static str>,
 }
 
 impl<'t> StateTxn<'t> {
@@ -249,6 +250,7 @@ impl<'t> StateTxn<'t> {
             streams: txn.open_table(STREAMS)?,
             heads: txn.open_table(HEADS)?,
             idem: txn.open_table(IDEMPOTENCY)?,
+            key_order: txn.open_table(KEY_ORDER)?,
         })
     }
 
@@ -328,15 +330,24 @@ impl Tables for StateTxn<'_> {
         self.streams.remove((device, seq))?;
         Ok(())
     }
-    fn idempotent(&self, device: &str, key: &str) -> Result<Option<u64>, StoreError> {
-        Ok(self.idem.get((device, key))?.map(|v| v.value()))
+    fn idempotent(&self, device: &str, key: &str) -> Result<Option<KeyUse>, StoreError> {
+        get(&self.idem, (device, key))
     }
-    fn put_idempotent(&mut self, device: &str, key: &str, seq: u64) -> Result<(), StoreError> {
-        self.idem.insert((device, key), seq)?;
+    fn put_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
+        self.idem.insert((device, key), encode(&used)?.as_slice())?;
+        self.key_order.insert((device, used.at_ms, used.seq), key)?;
         Ok(())
     }
-    fn remove_idempotent(&mut self, device: &str, key: &str) -> Result<(), StoreError> {
+    fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
         self.idem.remove((device, key))?;
+        self.key_order.remove((device, used.at_ms, used.seq))?;
         Ok(())
+    }
+    fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, StoreError> {
+        let mut rows = self.key_order.range((device, 0, 0)..=(device, u64::MAX, u64::MAX))?;
+        let Some(row) = rows.next() else { return Ok(None) };
+        let (k, v) = row?;
+        let (_, at_ms, seq) = k.value();
+        Ok(Some((v.value().to_string(), KeyUse { seq, at_ms })))
     }
 }

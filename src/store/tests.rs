@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use tempfile::TempDir;
 
-use super::schema::{Rows, FLOORS, HEADS, IDEMPOTENCY, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS};
+use super::schema::{
+    Rows, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS,
+};
 use super::state::{Loaded, StateDb};
 use crate::codec::{decode, encode};
 use crate::machine::tables::mem::MemTables;
@@ -89,7 +91,12 @@ impl Backend for RedbBackend {
         for row in txn.open_table(IDEMPOTENCY).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
             let (device, key) = k.value();
-            t.idempotency.insert((device.to_string(), key.to_string()), v.value());
+            t.idempotency.insert((device.to_string(), key.to_string()), decode(v.value()).unwrap());
+        }
+        for row in txn.open_table(KEY_ORDER).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            let (device, at_ms, seq) = k.value();
+            t.key_order.insert((device.to_string(), at_ms, seq), v.value().to_string());
         }
         t
     }

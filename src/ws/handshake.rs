@@ -20,7 +20,7 @@ use super::{Gate, Mode};
 use crate::answer::{self, Refusal, Resp};
 use crate::machine::{Claim, NodeId};
 use crate::metrics::ResultLabel;
-use crate::protocol::{close, ServerFrame};
+use crate::protocol::{close, ServerFrame, MAX_ATTEMPT};
 
 pub(crate) fn query(req: &Request<Incoming>) -> HashMap<String, String> {
     req.uri()
@@ -94,12 +94,13 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         Ok(v) => v,
         Err(r) => return g.refuse(r),
     };
-    let Some(attempt) = q.get("attempt").and_then(|a| a.parse::<u64>().ok()) else {
-        let msg = "?attempt=N (a counter the device persists) is required";
+    let Some(attempt) = q.get("attempt").and_then(|a| a.parse::<u64>().ok()).filter(|a| *a <= MAX_ATTEMPT) else {
+        let msg = "?attempt=N (a counter the device persists, at most 2^53) is required";
         return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "bad_attempt").message(msg));
     };
-    if !fastwebsockets::upgrade::is_upgrade_request(&req) {
-        let msg = "expected a WebSocket upgrade request";
+    // The whole upgrade is checked before the claim: a request that cannot upgrade must not take
+    // the device over (and close its live connection) only to fail afterwards.
+    if let Err(msg) = upgradable(&req) {
         return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "not_websocket").message(msg));
     }
     let me = g.cluster.me();
@@ -140,6 +141,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
 
     let (response, upgrade) = match fastwebsockets::upgrade::upgrade(&mut req) {
         Ok(v) => v,
+        // Checked before the claim (`upgradable`): cannot happen; released all the same.
         Err(e) => {
             release(&g, &device, conn).await;
             return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "not_websocket").message(e));
@@ -198,6 +200,29 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     Response::from_parts(parts, Full::new(Bytes::new()))
 }
 
+/// Whether `req` is a WebSocket upgrade `fastwebsockets::upgrade::upgrade` will accept (RFC 6455
+/// §4.2.1): `Connection: Upgrade`, `Upgrade: websocket`, version 13, and a key that is 16 bytes in
+/// base64. The reason names the header, never its value.
+pub(crate) fn upgradable<B>(req: &Request<B>) -> Result<(), &'static str> {
+    if !fastwebsockets::upgrade::is_upgrade_request(req) {
+        return Err("expected a WebSocket upgrade request (Connection: Upgrade, Upgrade: websocket)");
+    }
+    if req.headers().get("sec-websocket-version").map(|v| v.as_bytes()) != Some(b"13") {
+        return Err("Sec-WebSocket-Version must be 13");
+    }
+    // 16 bytes in base64: 22 characters of the alphabet and "==".
+    let key_ok = req.headers().get("sec-websocket-key").is_some_and(|k| {
+        let k = k.as_bytes();
+        k.len() == 24
+            && k.ends_with(b"==")
+            && k[..22].iter().all(|c| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/')
+    });
+    if !key_ok {
+        return Err("Sec-WebSocket-Key must be 16 bytes in base64");
+    }
+    Ok(())
+}
+
 /// `307` to `node`'s `/ws` with the same query, or None when its URL is unknown.
 fn redirect(g: &Gate, node: NodeId, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
@@ -220,5 +245,43 @@ fn release_later(g: &Arc<Gate>, device: &str, conn: u64) {
 async fn release(g: &Gate, device: &str, conn: u64) {
     if let Err(e) = g.cluster.release(device, conn).await {
         tracing::debug!(%device, conn, error = %e, "release did not commit; the lease covers it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder().method("GET").uri("/ws?attempt=1");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn only_a_complete_upgrade_passes() {
+        let good = [
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ];
+        assert_eq!(upgradable(&req(&good)), Ok(()));
+        for (missing, _) in good {
+            let without: Vec<_> = good.iter().copied().filter(|(k, _)| *k != missing).collect();
+            assert!(upgradable(&req(&without)).is_err(), "without {missing}");
+        }
+        for bad_key in
+            ["", "short==", "dGhlIHNhbXBsZSBub25jZQ", "dGhlIHNhbXBsZSBub25jZ!==", "dGhlIHNhbXBsZSBub25jZQ==="]
+        {
+            let mut h = good;
+            h[3].1 = bad_key;
+            assert_eq!(upgradable(&req(&h)), Err("Sec-WebSocket-Key must be 16 bytes in base64"), "{bad_key:?}");
+        }
+        let mut v12 = good;
+        v12[2].1 = "12";
+        assert_eq!(upgradable(&req(&v12)), Err("Sec-WebSocket-Version must be 13"));
     }
 }
