@@ -161,6 +161,11 @@ pub struct ServeArgs {
     /// Device-token secret file (env GATEWAY_DEVICE_SECRET holds the secret itself).
     #[arg(long, env = "GATEWAY_DEVICE_SECRET_FILE")]
     pub device_secret_file: Option<PathBuf>,
+    /// Backend secrets file: one or two secrets, one per line (a rotation overlaps), re-read
+    /// every second; they publish and read routes, nothing else [default: <data dir>/backend.secret,
+    /// generated]. Env GATEWAY_BACKEND_SECRET holds the secrets themselves, comma-separated.
+    #[arg(long, env = "GATEWAY_BACKEND_SECRET_FILE")]
+    pub backend_secret_file: Option<PathBuf>,
     /// Lease length; nodes renew every lease/3 [default: 10000].
     #[arg(long, env = "GATEWAY_LEASE_MS")]
     pub lease_ms: Option<u64>,
@@ -243,6 +248,7 @@ impl ServeArgs {
             standby: self.standby.then_some(true),
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
+            backend_secret_file: self.backend_secret_file.clone(),
             lease_ms: self.lease_ms,
             sweep_ms: self.sweep_ms,
             election_timeout_ms: self.election_timeout_ms,

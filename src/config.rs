@@ -6,6 +6,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// The largest `max_payload_bytes` allowed. A published message is one Raft log entry that every
+/// node writes and fsyncs, and lease renewals wait behind the entries in flight: at 16 MiB a few
+/// publishes held renewals for seconds and fenced nodes (tests/cluster_big_entries.rs). One such
+/// entry fits in a Raft append ([`crate::http::MAX_APPEND_BYTES`]) with room to spare.
+pub const MAX_PAYLOAD_LIMIT: usize = 1 << 20;
+
 /// Every key a TOML config file may hold (`deploy/gateway.example.toml` documents each one).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +25,7 @@ pub struct FileConfig {
     pub standby: Option<bool>,
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
+    pub backend_secret_file: Option<PathBuf>,
     pub lease_ms: Option<u64>,
     pub sweep_ms: Option<u64>,
     pub election_timeout_ms: Option<u64>,
@@ -156,6 +163,7 @@ pub struct Config {
     pub start: Start,
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
+    pub backend_secret_file: Option<PathBuf>,
     pub timing: Timing,
     pub device: DeviceConfig,
 }
@@ -238,6 +246,7 @@ impl Config {
             start,
             cluster_secret_file: flags.cluster_secret_file.or(file.cluster_secret_file),
             device_secret_file: flags.device_secret_file.or(file.device_secret_file),
+            backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
             timing,
             device,
         };
@@ -294,8 +303,15 @@ impl Config {
         if !(0.01..=1e9).contains(&d.drain_rate) {
             return bad(format!("drain_rate ({}) must be in 0.01..=1e9", d.drain_rate));
         }
-        if d.retain_count == 0 || d.retain_ms == 0 || !(2..=16 << 20).contains(&d.max_payload_bytes) {
-            return bad("retain_count and retain_ms must be positive, max_payload_bytes in 2..=16777216".into());
+        if d.retain_count == 0 || d.retain_ms == 0 {
+            return bad("retain_count and retain_ms must be positive".into());
+        }
+        if !(2..=MAX_PAYLOAD_LIMIT).contains(&d.max_payload_bytes) {
+            return bad(format!(
+                "max_payload_bytes ({}) must be in 2..={MAX_PAYLOAD_LIMIT}: a message is a Raft log entry every node \
+                 writes and fsyncs, and lease renewals queue behind it; keep larger objects elsewhere and publish a reference",
+                d.max_payload_bytes
+            ));
         }
         if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
             return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());
@@ -369,10 +385,14 @@ mod tests {
             "election_timeout_ms = 100\nheartbeat_ms = 100",
             "sweep_ms = 0",
             "lease_ms = 4000\nelection_timeout_ms = 1000",
+            "max_payload_bytes = 1048577",
+            "max_payload_bytes = 1",
         ] {
             let file: FileConfig = toml::from_str(bad).unwrap();
             assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
         }
+        let max = FileConfig { max_payload_bytes: Some(MAX_PAYLOAD_LIMIT), ..Default::default() };
+        assert!(Config::merge(max, FileConfig::default()).is_ok());
         let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
         assert!(Config::merge(both, FileConfig::default()).is_err());
     }

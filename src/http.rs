@@ -10,6 +10,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+/// The largest request body the cluster listener reads (a Raft append, a snapshot chunk, a
+/// forwarded batch): senders keep below it — the proposer bounds each batch in bytes far below, the
+/// Raft network splits appends (`PayloadTooLarge`).
+pub const MAX_RPC_BYTES: usize = 64 << 20;
+
+/// The most a Raft append may carry: openraft 0.9 allows an append one heartbeat interval,
+/// transfer, decoding and the follower's fsync included, so appends stay small; a larger one is
+/// split (the network answers `PayloadTooLarge` with a hint of how many entries fit).
+pub const MAX_APPEND_BYTES: usize = 2 << 20;
+
 /// Why a call failed before a status came back.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {

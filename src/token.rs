@@ -1,6 +1,7 @@
 //! Device tokens: HS256 JWTs whose `sub` is the device id and `epoch` the install epoch. The
 //! length is capped before any decoding (a megabyte token would otherwise cost milliseconds);
-//! `alg: none`, other algorithms, expired tokens and bad signatures are refused. Shared by the
+//! `alg: none`, other algorithms, expired and not-yet-valid (`nbf`) tokens and bad signatures are
+//! refused, with a fixed message (never the token's content). Shared by the
 //! device listener (verifying) and the tools that mint tokens (`gateway token`, the load tool).
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,9 @@ pub struct DeviceClaims {
     #[serde(default)]
     pub epoch: u64,
     pub exp: u64,
+    /// Not valid before (Unix seconds), if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
 }
 
 /// Why a token was refused (all answered with 401).
@@ -26,6 +30,8 @@ pub enum AuthError {
     TooLong,
     #[error("token expired")]
     Expired,
+    #[error("token not valid yet (nbf)")]
+    NotYetValid,
     #[error("bad device id in token")]
     BadDevice,
     #[error("invalid token: {0}")]
@@ -39,6 +45,7 @@ impl AuthError {
             AuthError::Missing => "missing_token",
             AuthError::TooLong => "token_too_long",
             AuthError::Expired => "token_expired",
+            AuthError::NotYetValid => "token_not_yet_valid",
             AuthError::BadDevice => "bad_device_id",
             AuthError::Invalid(_) => "invalid_token",
         }
@@ -61,6 +68,7 @@ impl Verifier {
     pub fn new(secret: &[u8]) -> Verifier {
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
         validation.leeway = 5;
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Verifier { key: jsonwebtoken::DecodingKey::from_secret(secret), validation }
     }
@@ -73,10 +81,7 @@ impl Verifier {
             return Err(AuthError::TooLong);
         }
         let data =
-            jsonwebtoken::decode::<DeviceClaims>(token, &self.key, &self.validation).map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
-                _ => AuthError::Invalid(e.to_string()),
-            })?;
+            jsonwebtoken::decode::<DeviceClaims>(token, &self.key, &self.validation).map_err(|e| refusal(e.kind()))?;
         if !valid_device_id(&data.claims.sub) {
             return Err(AuthError::BadDevice);
         }
@@ -84,12 +89,28 @@ impl Verifier {
     }
 }
 
+/// What a refused token is told: a fixed sentence per kind of failure. Decoding errors quote the
+/// token's content (e.g. a claim of the wrong type), and a refusal never echoes client input.
+fn refusal(kind: &jsonwebtoken::errors::ErrorKind) -> AuthError {
+    use jsonwebtoken::errors::ErrorKind as K;
+    let why = match kind {
+        K::ExpiredSignature => return AuthError::Expired,
+        K::ImmatureSignature => return AuthError::NotYetValid,
+        K::InvalidSignature => "bad signature",
+        K::InvalidAlgorithm | K::InvalidAlgorithmName | K::MissingAlgorithm => "algorithm not allowed (HS256 only)",
+        K::MissingRequiredClaim(_) => "a required claim (sub, exp) is missing",
+        K::Json(_) | K::Utf8(_) => "malformed claims",
+        _ => "malformed token",
+    };
+    AuthError::Invalid(why.to_string())
+}
+
 /// Mints a token (`gateway token`, tests, the load tool).
 pub fn mint(secret: &[u8], device: &str, epoch: u64, exp_unix_s: u64) -> Result<String, AuthError> {
     if !valid_device_id(device) {
         return Err(AuthError::BadDevice);
     }
-    let claims = DeviceClaims { sub: device.to_string(), epoch, exp: exp_unix_s };
+    let claims = DeviceClaims { sub: device.to_string(), epoch, exp: exp_unix_s, nbf: None };
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
@@ -148,11 +169,36 @@ mod tests {
         // A valid signature over an HS384 header is still the wrong algorithm.
         let hs384 = jsonwebtoken::encode(
             &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS384),
-            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far() },
+            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far(), nbf: None },
             &jsonwebtoken::EncodingKey::from_secret(SECRET),
         )
         .unwrap();
         assert!(matches!(v.verify(&hs384), Err(AuthError::Invalid(_))));
         assert_eq!(mint(SECRET, "bad id!", 0, far()), Err(AuthError::BadDevice));
+        // Not valid before an hour from now.
+        let early = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far() + 3600, nbf: Some(far()) },
+            &jsonwebtoken::EncodingKey::from_secret(SECRET),
+        )
+        .unwrap();
+        assert_eq!(v.verify(&early), Err(AuthError::NotYetValid));
+    }
+
+    #[test]
+    fn refusals_never_quote_the_token() {
+        let v = Verifier::new(SECRET);
+        // A claim of the wrong type: serde's message would quote it.
+        let marker = "SECRET-LOOKING-CONTENT";
+        let wrong = format!(
+            "{}.{}.sig",
+            b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+            b64(format!(r#"{{"sub":1,"exp":"{marker}"}}"#).as_bytes())
+        );
+        let bogus = format!("{marker}.{marker}.{marker}");
+        for t in [wrong.as_str(), bogus.as_str(), "a.b.c"] {
+            let e = v.verify(t).unwrap_err().to_string();
+            assert!(!e.contains(marker) && !e.contains(t), "{e}");
+        }
     }
 }

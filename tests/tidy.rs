@@ -30,9 +30,10 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         "cluster" => &["raft", "store", "machine", "view", "codec", "config", "http", "metrics", "clock", "wire"],
         // The edges see the cluster through the port only.
         "ws" => &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server"],
-        "api" => {
-            &["cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server", "protocol"]
-        }
+        "api" => &[
+            "cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server", "protocol",
+            "secrets",
+        ],
         "client" => &["protocol"],
         "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],
         "cli" => &["config", "tools"],

@@ -1,6 +1,9 @@
 //! The cluster listener: Raft RPC, admin API, route lookup, claims and publishes, health and
 //! metrics. Every path except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
-//! <cluster secret>` (constant-time compare); a request without it gets 401 and changes nothing.
+//! <secret>` (constant-time compare); a request without one gets 401 and changes nothing. The
+//! cluster secret reaches every path; a backend secret only publishes and reads routes (403
+//! elsewhere: never Raft RPC, membership, propose or admin). Bodies are read up to what the path
+//! needs: a Raft RPC up to [`MAX_RPC_BYTES`], a publish up to `max_payload_bytes`, the rest 64 KiB.
 //! Sees the cluster only through the typed [`Handle`]; answers through `crate::answer`.
 
 mod admin;
@@ -20,12 +23,22 @@ use tokio_util::task::TaskTracker;
 
 use crate::answer::{Refusal, Resp};
 use crate::cluster::{Handle, RpcKind};
-use crate::http::HttpClient;
+use crate::http::{HttpClient, MAX_RPC_BYTES};
 use crate::machine::NodeId;
 use crate::metrics::Metrics;
+use crate::secrets::BackendSecrets;
 
-/// Largest request body: a Raft snapshot chunk or append batch fits well below it.
-const MAX_BODY: usize = 64 << 20;
+/// Largest body of an admin request (a join, a claim, a leave).
+const MAX_ADMIN_BODY: usize = 64 << 10;
+
+/// Who is calling, by the bearer secret.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Caller {
+    /// The cluster secret: members and operators.
+    Cluster,
+    /// A backend secret: publishes and route reads.
+    Backend,
+}
 
 /// What the cluster-listener handlers need.
 pub struct Api {
@@ -33,6 +46,8 @@ pub struct Api {
     /// Device-side knobs (message retention and payload limit).
     pub device: crate::config::DeviceConfig,
     pub secret: Arc<Vec<u8>>,
+    /// Backend secrets (publish, route reads).
+    pub backend: BackendSecrets,
     /// Relays admin requests to the leader and tells removed nodes.
     pub http: HttpClient,
     pub metrics: Arc<Metrics>,
@@ -72,17 +87,32 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, "/metrics") => return admin::metrics(api),
         _ => {}
     }
-    if !authorized(api, &req) {
+    let Some(caller) = caller(api, &req) else {
         tracing::debug!(%method, %path, "refused an unauthenticated request");
-        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong cluster secret");
-    }
-    let idempotency_key =
-        req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", e),
+        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong cluster or backend secret");
     };
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let publish = matches!((&method, segments.as_slice()), (&Method::POST, ["v1", "devices", _, "messages"]));
+    let route = matches!((&method, segments.as_slice()), (&Method::GET, ["v1", "devices", _, "route"]));
+    if caller == Caller::Backend && !(publish || route) {
+        tracing::debug!(%method, %path, "refused a backend request outside publish and route reads");
+        return error(StatusCode::FORBIDDEN, "forbidden", "a backend secret publishes and reads routes only");
+    }
+    let limit = match segments.first() {
+        Some(&"raft") | Some(&"cluster") => MAX_RPC_BYTES,
+        _ if publish => api.device.max_payload_bytes,
+        _ => MAX_ADMIN_BODY,
+    };
+    let idempotency_key =
+        req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let body = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) if publish => {
+            let msg = format!("payload exceeds max_payload_bytes {limit}");
+            return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
+        }
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", format!("{e} (at most {limit} bytes)")),
+    };
     // Messages meant for one identity (Raft RPC, removal notices) name it: a wiped node answering
     // on its old address must not act on its former identity's behalf.
     let addressed = segments.first() == Some(&"raft") || matches!(segments.as_slice(), ["cluster", "removed" | "ping"]);
@@ -113,12 +143,13 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
     }
 }
 
-fn authorized(api: &Api, req: &Request<Incoming>) -> bool {
-    let Some(value) = req.headers().get(hyper::header::AUTHORIZATION) else {
-        return false;
-    };
-    let Some(token) = value.as_bytes().strip_prefix(b"Bearer ") else {
-        return false;
-    };
-    token.ct_eq(api.secret.as_slice()).into()
+fn caller(api: &Api, req: &Request<Incoming>) -> Option<Caller> {
+    let token = req.headers().get(hyper::header::AUTHORIZATION)?.as_bytes().strip_prefix(b"Bearer ")?;
+    if bool::from(token.ct_eq(api.secret.as_slice())) {
+        Some(Caller::Cluster)
+    } else if api.backend.accepts(token) {
+        Some(Caller::Backend)
+    } else {
+        None
+    }
 }

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
-use crate::http::{HttpClient, HttpError};
+use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES};
 use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
 use crate::raft::types::{Raft, Request};
@@ -27,6 +27,12 @@ pub const FORWARD_PATH: &str = "/cluster/propose/v2";
 
 /// Most commands folded into one log entry.
 pub const MAX_BATCH: usize = 1024;
+
+/// Most bytes (by [`Command::weight`]) folded into one log entry, half an append's budget: an
+/// entry always fits in an append (the network splits appends of several) and in a forward. A
+/// single larger command still goes alone (a publish is at most
+/// [`crate::config::MAX_PAYLOAD_LIMIT`], well inside an append).
+pub const MAX_BATCH_BYTES: usize = MAX_APPEND_BYTES / 2;
 
 /// Batches proposed (or forwarded) at once. With one, every caller waits a whole commit behind
 /// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
@@ -59,6 +65,9 @@ struct Pending {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    /// Lease and leader duties: they go first into every batch, so that a flood of large writes
+    /// never holds up a renewal (and fences the node).
+    urgent: mpsc::Sender<Pending>,
     timeout: Duration,
 }
 
@@ -74,9 +83,10 @@ impl Proposer {
         cancel: CancellationToken,
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
+        let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
         let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone() };
-        tasks.spawn(run(ctx, rx, cancel).instrument(tracing::info_span!("proposer")));
-        Proposer { tx, timeout }
+        tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
+        Proposer { tx, urgent, timeout }
     }
 
     /// Proposes one command and waits for its reply, at most the configured deadline.
@@ -127,7 +137,8 @@ impl Proposer {
         local_only: bool,
     ) -> Result<oneshot::Receiver<Result<Reply, ProposeError>>, ProposeError> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Pending { cmd, local_only, reply }).await.map_err(|_| ProposeError::Stopped)?;
+        let queue = if cmd.urgent() { &self.urgent } else { &self.tx };
+        queue.send(Pending { cmd, local_only, reply }).await.map_err(|_| ProposeError::Stopped)?;
         Ok(rx)
     }
 
@@ -156,24 +167,50 @@ struct Ctx {
     tasks: TaskTracker,
 }
 
-async fn run(ctx: Ctx, mut rx: mpsc::Receiver<Pending>, cancel: CancellationToken) {
+async fn run(
+    ctx: Ctx,
+    mut urgent: mpsc::Receiver<Pending>,
+    mut rx: mpsc::Receiver<Pending>,
+    cancel: CancellationToken,
+) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    // A command that did not fit in the last batch: the first of the next.
+    let mut carry: Option<Pending> = None;
     loop {
         // Wait for a free slot first: whatever queues meanwhile joins the next batch.
         let permit = tokio::select! {
             _ = cancel.cancelled() => return,
             p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
         };
-        let first = tokio::select! {
-            _ = cancel.cancelled() => return,
-            p = rx.recv() => match p { Some(p) => p, None => return },
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
+        let mut batch = Vec::new();
+        while let Ok(p) = urgent.try_recv() {
+            batch.push(p);
+        }
+        if batch.is_empty() {
+            let first = match carry.take() {
+                Some(p) => p,
+                None => tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    p = urgent.recv() => match p { Some(p) => p, None => return },
+                    p = rx.recv() => match p { Some(p) => p, None => return },
+                },
+            };
+            batch.push(first);
+        }
+        let mut bytes: usize = batch.iter().map(|p| p.cmd.weight()).sum();
+        if let Some(p) = carry.take() {
+            bytes += p.cmd.weight();
+            batch.push(p);
+        }
+        while batch.len() < MAX_BATCH && bytes <= MAX_BATCH_BYTES {
+            let Ok(p) = rx.try_recv() else { break };
+            bytes += p.cmd.weight();
+            if bytes > MAX_BATCH_BYTES {
+                carry = Some(p);
+                break;
             }
+            batch.push(p);
         }
         let ctx2 = ctx.clone();
         ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());

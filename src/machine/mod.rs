@@ -180,6 +180,36 @@ impl Command {
         }
     }
 
+    /// Lease and leader duties: proposed ahead of claims and messages, so that a flood of those
+    /// cannot delay a renewal past its node's fencing.
+    pub fn urgent(&self) -> bool {
+        matches!(
+            self,
+            Command::Renew(_)
+                | Command::ExtendLeases(_)
+                | Command::Sweep(_)
+                | Command::Suspect(_)
+                | Command::Drain(_)
+                | Command::Init(_)
+        )
+    }
+
+    /// About how many bytes this command takes in a log entry (an upper bound of its encoding):
+    /// what the proposer bounds a batch by.
+    pub fn weight(&self) -> usize {
+        const FIXED: usize = 64;
+        FIXED
+            + match self {
+                Command::Publish(p) => p.device.len() + p.payload.len() + p.key.as_ref().map_or(0, String::len),
+                Command::Claim(c) => c.device.len(),
+                Command::Release(r) => r.device.len(),
+                Command::Ack(a) => a.device.len(),
+                Command::Sweep(s) => 10 * s.candidates.len(),
+                Command::Init(i) => i.cluster_id.len(),
+                _ => 0,
+            }
+    }
+
     /// The leader's proposer stamps cluster time into time-dependent commands.
     pub fn stamp(&mut self, now_ms: u64) {
         if let Some(at_ms) = self.at_ms() {

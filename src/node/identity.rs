@@ -1,6 +1,8 @@
 //! A node's identity, kept in its data dir. The Raft id is random and generated when the data dir
 //! is first created, so a wiped node can never rejoin under an old id.
 
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 use rand::RngCore;
@@ -14,6 +16,11 @@ const IDENTITY_FILE: &str = "node.json";
 pub struct Identity {
     pub id: u64,
     pub name: String,
+}
+
+/// Creates the data dir (and missing parents) readable by its owner only: it holds the secrets.
+pub fn create_data_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
 /// Loads the identity in `dir`, or creates one; `true` when it was created now (a fresh data dir).
@@ -40,9 +47,13 @@ pub fn load_or_create(dir: &Path, name: Option<&str>) -> Result<(Identity, bool)
             }
             let name = name.map_or_else(|| format!("node-{:06x}", id & 0xff_ffff), str::to_string);
             let ident = Identity { id, name };
+            // Durable before it is used: a node must never come back under another id.
             let tmp = dir.join(format!("{IDENTITY_FILE}.tmp"));
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&ident).expect("plain struct"))?;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(&ident).expect("plain struct"))?;
+            f.sync_all()?;
             std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(dir)?.sync_all()?;
             Ok((ident, true))
         }
         Err(e) => Err(e.into()),
@@ -52,6 +63,16 @@ pub fn load_or_create(dir: &Path, name: Option<&str>) -> Result<(Identity, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_data_dir_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/data");
+        create_data_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        create_data_dir(&dir).unwrap();
+    }
 
     #[test]
     fn identity_is_created_once_and_kept() {

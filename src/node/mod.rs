@@ -82,7 +82,7 @@ pub struct Node {
     http: HttpClient,
     metrics: Arc<Metrics>,
     /// Where the secrets came from, for the start-up line.
-    secret_sources: (String, String),
+    secret_sources: [String; 3],
     tasks: TaskTracker,
     /// Cancelled to stop every task.
     stop: CancellationToken,
@@ -93,13 +93,14 @@ pub struct Node {
 /// binds both listeners and wires the handle, the device gate and the API. Listeners, duties and
 /// sessions start in [`Node::run`].
 pub async fn build(cfg: Config) -> Result<Node, NodeError> {
-    std::fs::create_dir_all(&cfg.data_dir)?;
+    identity::create_data_dir(&cfg.data_dir)?;
     let (ident, fresh) = identity::load_or_create(&cfg.data_dir, cfg.name.as_deref())?;
     let dir = &cfg.data_dir;
     let (cluster_secret, cluster_src) =
         secrets::secret("GATEWAY_CLUSTER_SECRET", cfg.cluster_secret_file.as_deref(), dir, "cluster.secret")?;
     let (device_secret, device_src) =
         secrets::secret("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), dir, "device.secret")?;
+    let (backend_secrets, backend_src) = secrets::BackendSecrets::load(cfg.backend_secret_file.as_deref(), dir)?;
     let member = Member { name: ident.name.clone(), cluster_addr: cfg.cluster_addr(), public_url: cfg.public_url() };
 
     let dir = cfg.data_dir.clone();
@@ -163,6 +164,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         cluster: cluster.clone(),
         device: cfg.device.clone(),
         secret: Arc::new(cluster_secret),
+        backend: backend_secrets,
         http: http.clone(),
         metrics: metrics.clone(),
         stop: stop.clone(),
@@ -199,7 +201,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         cluster_listener,
         http,
         metrics,
-        secret_sources: (cluster_src, device_src),
+        secret_sources: [cluster_src, device_src, backend_src],
         tasks,
         stop,
         drain_requested,
@@ -244,10 +246,10 @@ impl Node {
         if let Some(join) = lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
             spawn("join", join);
         }
-        let (cluster_src, device_src) = &self.secret_sources;
+        let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();
         println!(
-            "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {cluster_src}, device secret {device_src})",
+            "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {cluster_src}, device secret {device_src}, backend secrets {backend_src})",
             m.name,
             cluster.me(),
             m.public_url,

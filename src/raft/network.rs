@@ -2,7 +2,9 @@
 //! listener, bodies in the project codec. One pooled client is shared by every target, so
 //! `new_client` is cheap (openraft 0.9 creates one per voter per linearizable read).
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -13,7 +15,7 @@ use serde::Serialize;
 
 use super::types::TypeConfig;
 use crate::codec::{decode, encode};
-use crate::http::{HttpClient, HttpError};
+use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
 
 /// Creates per-target clients sharing one connection pool.
@@ -55,11 +57,15 @@ impl Peer {
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, Member, RaftError<NodeId, E>>>
     where
-        Req: Serialize,
+        Req: Serialize + Entries,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
         let body = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let limit = if entries(req).is_some() { MAX_APPEND_BYTES } else { MAX_RPC_BYTES };
+        if body.len() > limit && entries(req).is_some_and(|n| n > 1) {
+            return Err(too_large(entries(req), body.len(), limit));
+        }
         // The target id rides along so that a wiped node answering on the old address refuses
         // messages meant for its former identity (openraft would see a follower log reversion).
         let path = format!("{path}?target={}", self.target);
@@ -73,6 +79,10 @@ impl Peer {
             let msg = Msg(format!("{} is now another node: {}", self.node, String::from_utf8_lossy(&bytes)));
             return Err(RPCError::Unreachable(Unreachable::new(&msg)));
         }
+        if status == hyper::StatusCode::PAYLOAD_TOO_LARGE {
+            // The peer's limit is lower than ours: ask openraft for half as many entries.
+            return Err(too_large(entries(req), 2, 1));
+        }
         if !status.is_success() {
             let msg = Msg(format!("{} answered {status}: {}", self.node, String::from_utf8_lossy(&bytes)));
             return Err(RPCError::Network(NetworkError::new(&msg)));
@@ -81,6 +91,37 @@ impl Peer {
             decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
     }
+}
+
+/// How many log entries a request carries (appends only), for the size hint.
+trait Entries {
+    fn entries(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl Entries for AppendEntriesRequest<TypeConfig> {
+    fn entries(&self) -> Option<usize> {
+        Some(self.entries.len())
+    }
+}
+impl Entries for InstallSnapshotRequest<TypeConfig> {}
+impl Entries for VoteRequest<NodeId> {}
+
+fn entries(req: &impl Entries) -> Option<usize> {
+    req.entries()
+}
+
+/// A request of `len` bytes with `entries` log entries is over `limit`: openraft retries an append
+/// with as many entries as fit (a proportional hint, fewer than now, at least one: the proposer
+/// keeps every single entry below the limit), instead of resending the same range forever.
+fn too_large<E: std::error::Error>(
+    entries: Option<usize>,
+    len: usize,
+    limit: usize,
+) -> RPCError<NodeId, Member, RaftError<NodeId, E>> {
+    let hint = entries.map_or(1, |n| (n * limit / len.max(1)).clamp(1, n.saturating_sub(1).max(1)));
+    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint as u64))
 }
 
 impl RaftNetwork<TypeConfig> for Peer {

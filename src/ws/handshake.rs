@@ -226,10 +226,13 @@ pub(crate) fn upgradable<B>(req: &Request<B>) -> Result<(), &'static str> {
 /// `307` to `node`'s `/ws` with the same query, or None when its URL is unknown.
 fn redirect(g: &Gate, node: NodeId, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
-    let location = format!("{}?{query}", view.ws_url(node)?);
+    let url = view.ws_url(node)?;
+    let location = format!("{url}?{query}");
     let name = view.member(node).map(|m| m.name.clone()).unwrap_or_default();
     g.metrics.handshakes.get_or_create(&ResultLabel { result: "redirected" }).inc();
-    let body = serde_json::json!({"error": "wrong_node", "location": location, "node": name});
+    // The Location header carries the query (a browser's `?token=` included, or it could not
+    // follow); the body names the URL only: a token is never copied into a body.
+    let body = serde_json::json!({"error": "wrong_node", "location": url, "node": name});
     let mut resp = answer::json(StatusCode::TEMPORARY_REDIRECT, &body);
     resp.headers_mut().insert(hyper::header::LOCATION, location.parse().ok()?);
     Some(resp)
