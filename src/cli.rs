@@ -209,9 +209,18 @@ pub struct ServeArgs {
     /// Largest message a device may send [default: 65536].
     #[arg(long, env = "GATEWAY_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<usize>,
-    /// Frames queued per connection [default: 256].
+    /// Commands (pushes, replies) queued per connection; a device whose queue fills is closed
+    /// with 1013 and syncs on its next connection [default: 256].
     #[arg(long, env = "GATEWAY_SEND_QUEUE")]
     pub send_queue: Option<usize>,
+    /// Payload bytes of pushes queued per connection, at least twice --max-payload-bytes
+    /// [default: 1048576, or twice --max-payload-bytes if more].
+    #[arg(long, env = "GATEWAY_SEND_QUEUE_BYTES")]
+    pub send_queue_bytes: Option<usize>,
+    /// Device connections this node holds at once (503 at_capacity beyond) [default: the
+    /// open-file limit less 1024].
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
     /// Connections told to go away per second while draining [default: 500].
     #[arg(long, env = "GATEWAY_DRAIN_RATE")]
     pub drain_rate: Option<f64>,
@@ -264,6 +273,8 @@ impl ServeArgs {
             header_read_timeout_ms: self.header_read_timeout_ms,
             max_message_bytes: self.max_message_bytes,
             send_queue: self.send_queue,
+            send_queue_bytes: self.send_queue_bytes,
+            max_connections: self.max_connections,
             drain_rate: self.drain_rate,
             drain_timeout_ms: self.drain_timeout_ms,
             retain_count: self.retain_count,

@@ -12,6 +12,20 @@ use serde::{Deserialize, Serialize};
 /// entry fits in a Raft append ([`crate::http::MAX_APPEND_BYTES`]) with room to spare.
 pub const MAX_PAYLOAD_LIMIT: usize = 1 << 20;
 
+/// File descriptors kept out of `max_connections` when it is derived from the open-file limit:
+/// Raft and admin connections, redb, logs.
+pub const FD_RESERVE: usize = 1024;
+
+impl DeviceConfig {
+    /// `max_connections`, or the open-file limit (`soft`) less [`FD_RESERVE`] when it is 0.
+    pub fn connection_limit(&self, soft: u64) -> usize {
+        match self.max_connections {
+            0 => usize::try_from(soft).unwrap_or(usize::MAX).saturating_sub(FD_RESERVE).max(1),
+            n => n,
+        }
+    }
+}
+
 /// Every key a TOML config file may hold (`deploy/gateway.example.toml` documents each one).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +55,8 @@ pub struct FileConfig {
     pub header_read_timeout_ms: Option<u64>,
     pub max_message_bytes: Option<usize>,
     pub send_queue: Option<usize>,
+    pub send_queue_bytes: Option<usize>,
+    pub max_connections: Option<usize>,
     pub drain_rate: Option<f64>,
     pub drain_timeout_ms: Option<u64>,
     pub retain_count: Option<u64>,
@@ -99,8 +115,15 @@ pub struct DeviceConfig {
     pub header_read_timeout_ms: u64,
     /// Largest message a device may send (close 1009 above it).
     pub max_message_bytes: usize,
-    /// Frames queued for one connection before replies are dropped.
+    /// Commands (messages to push, replies) queued for one connection; a device whose queue
+    /// fills is closed with 1013 and recovers by `sync` on its next connection.
     pub send_queue: usize,
+    /// Payload bytes of messages queued for one connection (the same overflow rule); at least
+    /// twice `max_payload_bytes` [default: 1 MiB, or twice `max_payload_bytes` if more].
+    pub send_queue_bytes: usize,
+    /// Device connections one node holds at once (`503 at_capacity` beyond); 0 derives it from
+    /// the process's open-file limit (the soft limit less [`FD_RESERVE`]).
+    pub max_connections: usize,
     /// Connections told to go away per second while draining.
     pub drain_rate: f64,
     /// Longest a drain waits for its devices to leave before releasing the rest.
@@ -130,6 +153,8 @@ impl Default for DeviceConfig {
             header_read_timeout_ms: 5_000,
             max_message_bytes: 64 * 1024,
             send_queue: 256,
+            send_queue_bytes: 1 << 20,
+            max_connections: 0,
             drain_rate: 500.0,
             drain_timeout_ms: 30_000,
             retain_count: 1000,
@@ -218,6 +243,11 @@ impl Config {
                 .unwrap_or(dd.header_read_timeout_ms),
             max_message_bytes: flags.max_message_bytes.or(file.max_message_bytes).unwrap_or(dd.max_message_bytes),
             send_queue: flags.send_queue.or(file.send_queue).unwrap_or(dd.send_queue),
+            send_queue_bytes: flags.send_queue_bytes.or(file.send_queue_bytes).unwrap_or_else(|| {
+                let payload = flags.max_payload_bytes.or(file.max_payload_bytes).unwrap_or(dd.max_payload_bytes);
+                dd.send_queue_bytes.max(payload.saturating_mul(2))
+            }),
+            max_connections: flags.max_connections.or(file.max_connections).unwrap_or(dd.max_connections),
             drain_rate: flags.drain_rate.or(file.drain_rate).unwrap_or(dd.drain_rate),
             drain_timeout_ms: flags.drain_timeout_ms.or(file.drain_timeout_ms).unwrap_or(dd.drain_timeout_ms),
             retain_count: flags.retain_count.or(file.retain_count).unwrap_or(dd.retain_count),
@@ -316,6 +346,12 @@ impl Config {
         if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
             return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());
         }
+        if d.send_queue_bytes < 2 * d.max_payload_bytes {
+            return bad(format!(
+                "send_queue_bytes ({}) must be at least twice max_payload_bytes ({})",
+                d.send_queue_bytes, d.max_payload_bytes
+            ));
+        }
         if !(128..=16 << 20).contains(&d.max_message_bytes) {
             return bad(format!("max_message_bytes ({}) must be in 128..=16777216", d.max_message_bytes));
         }
@@ -386,13 +422,16 @@ mod tests {
             "sweep_ms = 0",
             "lease_ms = 4000\nelection_timeout_ms = 1000",
             "max_payload_bytes = 1048577",
+            "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
+            "send_queue_bytes = 1000",
             "max_payload_bytes = 1",
         ] {
             let file: FileConfig = toml::from_str(bad).unwrap();
             assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
         }
         let max = FileConfig { max_payload_bytes: Some(MAX_PAYLOAD_LIMIT), ..Default::default() };
-        assert!(Config::merge(max, FileConfig::default()).is_ok());
+        let cfg = Config::merge(max, FileConfig::default()).unwrap();
+        assert_eq!(cfg.device.send_queue_bytes, 2 * MAX_PAYLOAD_LIMIT, "the queue follows the payload limit");
         let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
         assert!(Config::merge(both, FileConfig::default()).is_err());
     }

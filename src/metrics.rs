@@ -36,6 +36,8 @@ pub struct Metrics {
     pub kicks: Counter,
     /// Connections told to go away by a drain.
     pub drained: Counter,
+    /// Times the device side fell behind the apply events (sessions then caught up from the store).
+    pub event_lags: Counter,
     /// Times this node fenced itself because no lease renewal committed.
     pub fence_events: Counter,
     /// Live device connections on this node.
@@ -76,6 +78,7 @@ impl Default for Metrics {
             kicks: Counter::default(),
             connections: Gauge::default(),
             drained: Counter::default(),
+            event_lags: Counter::default(),
             fence_events: Counter::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
@@ -106,6 +109,11 @@ impl Default for Metrics {
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
         registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
+        registry.register(
+            "event_lags",
+            "Times the device side fell behind the apply events (sessions caught up from the store)",
+            m.event_lags.clone(),
+        );
         registry.register("drained", "Connections sent goaway by a drain", m.drained.clone());
         registry.register("fence_events", "Self-fencing events (no renewal committed)", m.fence_events.clone());
         registry.register("connections", "Live device connections", m.connections.clone());

@@ -209,8 +209,20 @@ impl Handle {
 
     /// A device's stream bounds and up to `limit` retained messages after `after`.
     pub async fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, ReadError> {
+        self.stream_page(device, after, limit, usize::MAX).await
+    }
+
+    /// Like [`Handle::stream`], stopping once the payloads read reach `max_bytes` (one message at
+    /// least): one page of a device's `sync`.
+    pub async fn stream_page(
+        &self,
+        device: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<StreamRead, ReadError> {
         let (db, device) = (self.inner.state.clone(), device.to_string());
-        read(move || db.stream(&device, after, limit)).await
+        read(move || db.stream_page(&device, after, limit, max_bytes)).await
     }
 
     /// The leader as this node knows it.

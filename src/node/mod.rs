@@ -34,7 +34,7 @@ use crate::store::log::LogDb;
 use crate::store::state::StateDb;
 use crate::token::Verifier;
 use crate::ws::admission::Admission;
-use crate::ws::registry::Registry;
+use crate::ws::registry::{Limits, Registry};
 use crate::ws::session::SessionConfig;
 use crate::ws::{self, Gate, Mode};
 
@@ -177,7 +177,11 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         admission: Admission::new(d.admit_rate, d.admit_burst),
         verifier: Verifier::new(&device_secret),
         mode,
-        registry: Registry::default(),
+        registry: Registry::new(Limits {
+            max_sessions: d.connection_limit(open_file_limit()),
+            queue: d.send_queue,
+            queue_bytes: d.send_queue_bytes,
+        }),
         handshake_timeout: Duration::from_millis(d.handshake_timeout_ms),
         header_read_timeout: Duration::from_millis(d.header_read_timeout_ms),
         session: SessionConfig {
@@ -287,5 +291,20 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// The process's soft limit of open files (`/proc/self/limits`), or 1024 when it cannot be read.
+fn open_file_limit() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let soft = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok());
+    match soft {
+        Some(n) => n,
+        None if limits.contains("Max open files") => u64::MAX, // "unlimited"
+        None => 1024,
     }
 }

@@ -51,6 +51,12 @@ fn set_members(state: &mut State, m: &StoredMembership) {
     }
 }
 
+/// Apply events buffered for subscribers; one that falls further behind is told it lagged.
+const EVENT_CAPACITY: usize = 4096;
+
+/// Tests only: a smaller event buffer, so that a test can make the device side lag.
+pub const TEST_EVENT_CAPACITY_ENV: &str = "GATEWAY_TEST_EVENT_CAPACITY";
+
 /// The replicated state machine.
 pub struct StateMachine {
     db: StateDb,
@@ -75,7 +81,9 @@ impl StateMachine {
         let (state, applied) = restore(loaded)?;
         clock.observe(state.clock_ms);
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
-        let (events, _) = broadcast::channel(4096);
+        let capacity =
+            std::env::var(TEST_EVENT_CAPACITY_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(EVENT_CAPACITY);
+        let (events, _) = broadcast::channel(capacity);
         let snapshots_built = Arc::default();
         Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock }, rx))
     }

@@ -133,15 +133,30 @@ impl StateDb {
 
     /// A device's stream bounds and up to `limit` retained messages with seq > `after`.
     pub fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, StoreError> {
+        self.stream_page(device, after, limit, usize::MAX)
+    }
+
+    /// Like [`StateDb::stream`], and stops once the payloads read reach `max_bytes` (one message
+    /// at least): what a session holds in memory for one page of a `sync`.
+    pub fn stream_page(
+        &self,
+        device: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<StreamRead, StoreError> {
         let txn = self.db.begin_read()?;
         let head: Head = get(&txn.open_table(HEADS)?, device)?.unwrap_or_default();
         let mut messages = Vec::new();
+        let mut bytes = 0usize;
         if limit > 0 && after < head.head {
             let streams = txn.open_table(STREAMS)?;
             for row in streams.range((device, after.saturating_add(1))..=(device, head.head))? {
                 let (k, v) = row?;
-                messages.push((k.value().1, decode(v.value())?));
-                if messages.len() >= limit {
+                let message: Message = decode(v.value())?;
+                bytes = bytes.saturating_add(message.payload.len());
+                messages.push((k.value().1, message));
+                if messages.len() >= limit || bytes >= max_bytes {
                     break;
                 }
             }

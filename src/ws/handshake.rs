@@ -114,7 +114,13 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
 
     // Register before the claim commits, so a kick that races the upgrade is not lost.
     let conn = rand::thread_rng().next_u64();
-    let (registration, ctl_tx, ctl_rx, overflow) = g.registry.register(conn, &device, g.session.send_queue);
+    let (registration, mailbox) = match g.registry.register(conn, &device) {
+        Ok(v) => v,
+        Err(full) => {
+            let msg = format!("this node holds its maximum of {} connections (--max-connections)", full.max);
+            return g.refuse(Refusal::unavailable("at_capacity").message(msg));
+        }
+    };
     let claim = Claim { device: device.clone(), node: me, conn, epoch, attempt };
     let started = std::time::Instant::now();
     let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim)).await;
@@ -183,7 +189,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     g.tasks.spawn(tracing::Instrument::instrument(
         async move {
             let _registration = registration;
-            let ended = session::run(upgrade, hello, (ctl_tx, ctl_rx, overflow), cursor, cfg).await;
+            let ended = session::run(upgrade, hello, mailbox, cursor, cfg).await;
             if ended == Ended::Closed(close::SUPERSEDED) {
                 gate.metrics.kicks.inc();
             }

@@ -99,17 +99,30 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<Eve
                     gate.kick(s.conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
                 }
             }
-            Ok(Event::Installed) => reconcile(&gate).await,
+            Ok(Event::Installed) => {
+                reconcile(&gate).await;
+                catch_up(&gate);
+            }
             Ok(Event::Published(d)) if d.node == me => {
                 gate.registry.send(d.conn, registry::Control::Deliver { seq: d.seq, payload: d.payload });
             }
             Ok(_) => {}
             Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "apply events lagged; reconciling sessions with the routes");
+                tracing::warn!(missed = n, "apply events lagged; reconciling sessions with the routes and the streams");
+                gate.metrics.event_lags.inc();
                 reconcile(&gate).await;
+                catch_up(&gate);
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+/// Tells every session to send what its device's stream holds beyond what it sent: pushes may
+/// have been missed (lagged events, a snapshot installed instead of entries applied).
+fn catch_up(gate: &Gate) {
+    for s in gate.registry.sessions() {
+        gate.registry.send(s.conn, registry::Control::CatchUp);
     }
 }
 

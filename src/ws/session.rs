@@ -1,7 +1,12 @@
 //! One device session after the upgrade: a reader task and a writer task. `read_frame` is not
 //! cancel-safe, so the reader never sits in a `select!`; every frame it must answer (pong, close
-//! echo) goes through the writer's queue. The writer pings every `ping_ms`, closes after `idle_ms`
-//! without traffic, and obeys [`Control`] commands (kicks, drain, fencing).
+//! echo, a reply) goes through the writer's queue, and the reader waits for room there: a device
+//! that does not read its replies stops being read. The writer pings every `ping_ms`, closes
+//! after `idle_ms` without traffic, obeys [`Control`] commands (kicks, drain, fencing), and sends
+//! a `sync` one page at a time between them. Memory per session is bounded in bytes: one message
+//! being read (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small
+//! frames: replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one
+//! sync page ([`super::stream::PAGE_BYTES`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,9 +15,8 @@ use std::time::{Duration, Instant};
 use fastwebsockets::upgrade::UpgradeFut;
 use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::registry::Control;
+use super::registry::{Control, Mailbox};
 use super::stream::StreamCursor;
 use crate::protocol::{close, ClientFrame, ServerFrame};
 
@@ -48,11 +52,11 @@ fn text(s: String) -> Frame<'static> {
 pub async fn run(
     upgrade: UpgradeFut,
     hello: ServerFrame,
-    ctl: (mpsc::Sender<Control>, mpsc::Receiver<Control>, CancellationToken),
+    mailbox: Mailbox,
     mut cursor: StreamCursor,
     cfg: SessionConfig,
 ) -> Ended {
-    let (ctl_tx, mut ctl_rx, overflow) = ctl;
+    let Mailbox { tx: ctl_tx, rx: mut ctl_rx, overflow, kicked, queued } = mailbox;
     let mut ws = match upgrade.await {
         Ok(ws) => ws,
         Err(e) => {
@@ -65,7 +69,10 @@ pub async fn run(
     ws.set_auto_close(true);
     // Pings are answered by read_loop, so that they count as traffic for the idle timer.
     ws.set_auto_pong(false);
-    let (rx, mut tx) = ws.split(tokio::io::split);
+    let (rx, mut tx) = ws.split(|io| {
+        let (r, w) = tokio::io::split(io);
+        (Capped(r), w)
+    });
     let started = Instant::now();
     let last_seen_ms = Arc::new(AtomicU64::new(0));
     let (out_tx, mut out_rx) = mpsc::channel::<Frame<'static>>(cfg.send_queue.max(4));
@@ -83,6 +90,9 @@ pub async fn run(
         reader.abort();
         return Ended::Peer;
     }
+    // Live pushes wait this long for the device's first sync (see StreamCursor::stop_waiting).
+    let sync_grace = tokio::time::sleep(SYNC_GRACE);
+    tokio::pin!(sync_grace);
     'session: loop {
         // Biased: a close the reader asked for must win over the reader's channel closing.
         let frames: Vec<Frame<'static>> = tokio::select! {
@@ -102,8 +112,18 @@ pub async fn run(
                     close_with = Some((close::GOING_AWAY, reason));
                     break;
                 }
-                Some(Control::Deliver { seq, payload }) => cursor.deliver(seq, &payload).await.into_iter().map(text).collect(),
-                Some(Control::Sync { after }) => cursor.sync(after).await.into_iter().map(text).collect(),
+                Some(Control::Deliver { seq, payload }) => {
+                    queued.fetch_sub(payload.len(), Ordering::Relaxed);
+                    cursor.deliver(seq, &payload).map(text).into_iter().collect()
+                }
+                Some(Control::Sync { after }) => {
+                    cursor.request_sync(after);
+                    continue;
+                }
+                Some(Control::CatchUp) => {
+                    cursor.catch_up();
+                    continue;
+                }
                 Some(Control::Ack { seq }) => {
                     cursor.ack(seq);
                     continue;
@@ -131,15 +151,23 @@ pub async fn run(
                 cursor.flush_ack();
                 vec![Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))]
             }
+            _ = &mut sync_grace, if cursor.awaiting_sync() => cursor.stop_waiting().into_iter().map(text).collect(),
+            // Lowest priority: the next page of a sync, between everything else.
+            _ = std::future::ready(()), if cursor.syncing() => cursor.sync_page().await.into_iter().map(text).collect(),
         };
         for frame in frames {
             let is_close = frame.opcode == OpCode::Close;
             let written = tokio::select! {
                 r = tokio::time::timeout(write_timeout, tx.write_frame(frame)) => r,
                 // A device that stopped reading blocks the write itself: its queue overflowing
-                // ends the session now, not after the write timeout. The socket is mid-frame,
-                // so no close frame can follow; the device recovers by sync on reconnect.
+                // ends the session now, not after the write timeout, and so does a kick that the
+                // write does not finish within KICK_GRACE of. The socket is mid-frame, so no
+                // close frame can follow; the device recovers by sync on reconnect.
                 _ = overflow.cancelled() => {
+                    stuck = true;
+                    break 'session;
+                }
+                _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
                     stuck = true;
                     break 'session;
                 }
@@ -171,6 +199,12 @@ pub async fn run(
 
 /// How long a closing session waits for the peer's close echo.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// How long live pushes wait for a device's first `sync` after `hello`.
+const SYNC_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a write may still take after a kick before the connection is dropped unclosed.
+const KICK_GRACE: Duration = Duration::from_millis(250);
 
 /// Most frames one fragmented message may take (a flood of empty continuations is refused).
 const MAX_FRAGMENTS: usize = 1024;
@@ -227,7 +261,10 @@ async fn read_loop<S>(
         match message(frame, &mut partial, max_bytes) {
             Ok(None) => {}
             Ok(Some(Incoming::Ping(payload))) => {
-                let _ = out.try_send(Frame::pong(Payload::Owned(payload)));
+                // Waits for room: a device that does not read its pongs stops being read.
+                if out.send(Frame::pong(Payload::Owned(payload))).await.is_err() {
+                    return;
+                }
             }
             Ok(Some(Incoming::Text(bytes))) => {
                 let reply = match std::str::from_utf8(&bytes) {
@@ -248,18 +285,56 @@ async fn read_loop<S>(
                             let _ = ctl.try_send(Control::Ack { seq });
                             continue;
                         }
-                        Err(e) => ServerFrame::Error { error: format!("unknown frame: {e}") },
+                        Err(e) => ServerFrame::Error { error: unknown_frame(&e) },
                     },
                 };
-                // A device that does not read its replies fills its queue: drop the reply rather
-                // than grow memory.
-                let _ = out.try_send(text(reply.to_json()));
+                // Waits for room: a device that does not read its replies stops being read (its
+                // writes then stall in its own socket buffers, not in this node's memory).
+                if out.send(text(reply.to_json())).await.is_err() {
+                    return;
+                }
             }
             Err((code, reason)) => {
                 request_close(code, reason);
                 closing = true;
             }
         }
+    }
+}
+
+/// The reply to a text message that is not a known frame: where and what kind of error, never the
+/// device's own text (serde's messages quote unknown variants and field values).
+fn unknown_frame(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Syntax | Category::Eof => "not JSON",
+        Category::Data => "not a known frame (ping, sync, ack)",
+        Category::Io => "unreadable",
+    };
+    format!("unknown frame: {what} (line {}, column {})", e.line(), e.column())
+}
+
+/// Most bytes one read takes from a device's socket. fastwebsockets reads into a buffer that
+/// doubles whenever a read fills it, so a device writing far ahead of what the node processes
+/// would otherwise grow that buffer to whatever it wrote (measured: ~2.5 MiB per connection under
+/// a flood of 60 KB frames); capped, the buffer holds one message plus this much.
+const READ_CHUNK: usize = 4096;
+
+/// The read half of a device's socket, read [`READ_CHUNK`] bytes at a time.
+struct Capped<R>(R);
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Capped<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let mut chunk = [0u8; READ_CHUNK];
+        let room = buf.remaining().min(READ_CHUNK);
+        let mut limited = tokio::io::ReadBuf::new(&mut chunk[..room]);
+        std::task::ready!(std::pin::Pin::new(&mut self.0).poll_read(cx, &mut limited))?;
+        buf.put_slice(limited.filled());
+        std::task::Poll::Ready(Ok(()))
     }
 }
 

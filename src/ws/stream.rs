@@ -10,8 +10,12 @@ use crate::cluster::Handle;
 use crate::machine::StreamRead;
 use crate::protocol::{msg_json, ServerFrame};
 
-/// Most messages read from the store at once.
-const READ_BATCH: usize = 1024;
+/// Most messages one page of a sync reads from the store.
+const READ_BATCH: usize = 256;
+
+/// Most payload bytes one page of a sync holds (one message at least): a 20-byte `sync` frame
+/// costs the node one page of memory at a time, however long the stream.
+pub const PAGE_BYTES: usize = 256 << 10;
 
 /// Proposes an ack (trims the stream up to that seq).
 pub type Acker = Arc<dyn Fn(String, u64) + Send + Sync>;
@@ -24,15 +28,54 @@ pub struct StreamCursor {
     delivered: u64,
     acked: u64,
     pending_ack: u64,
+    /// A sync in progress, sent one page at a time.
+    syncing: Option<Syncing>,
+    /// Live pushes wait for the device's first `sync` (or [`StreamCursor::stop_waiting`]): a
+    /// device behind the head must get its backlog before anything newer, and its sync may reach
+    /// the node after the first push (then it would ack past what it never got).
+    awaiting_sync: bool,
+    /// The pushes held meanwhile, for a device that does not sync, up to [`HELD_BYTES`] (beyond,
+    /// they are read back from the store).
+    held: Held,
+}
+
+/// Most payload bytes held for a device before its first sync.
+const HELD_BYTES: usize = 256 << 10;
+
+#[derive(Default)]
+struct Held {
+    frames: Vec<(u64, String)>,
+    bytes: usize,
+    overflowed: bool,
+}
+
+/// Where a sync is: the next page reads after `next`; the device asked for everything after
+/// `after` (the oldest it asked for while this sync ran).
+#[derive(Debug, Clone, Copy)]
+struct Syncing {
+    next: u64,
+    after: u64,
+    first: bool,
 }
 
 impl StreamCursor {
     pub fn new(device: String, cluster: Handle, acker: Acker, head: u64) -> StreamCursor {
-        StreamCursor { device, cluster, acker, lo: head, delivered: head, acked: 0, pending_ack: 0 }
+        StreamCursor {
+            device,
+            cluster,
+            acker,
+            lo: head,
+            delivered: head,
+            acked: 0,
+            pending_ack: 0,
+            syncing: None,
+            awaiting_sync: true,
+            held: Held::default(),
+        }
     }
 
     async fn read(&self, after: u64) -> Option<StreamRead> {
-        match self.cluster.stream(&self.device, after, READ_BATCH).await {
+        match self.cluster.stream_page(&self.device, after, READ_BATCH, PAGE_BYTES).await {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::warn!(device = %self.device, error = %e, "reading the stream failed");
@@ -41,63 +84,117 @@ impl StreamCursor {
         }
     }
 
-    /// Frames for a message the log just applied.
-    pub async fn deliver(&mut self, seq: u64, payload: &str) -> Vec<String> {
-        if seq <= self.delivered {
-            return Vec::new();
+    /// The frame for a message the log just applied; None when it was sent already, when a sync
+    /// is in progress (its pages read up to the stream's head, this message included, in order),
+    /// or when there is a gap before it (a lagging event subscriber): then a catch-up from the
+    /// store starts, and sends it in order.
+    pub fn deliver(&mut self, seq: u64, payload: &str) -> Option<String> {
+        if self.awaiting_sync {
+            let held = &mut self.held;
+            held.bytes += payload.len();
+            if held.bytes > HELD_BYTES {
+                held.overflowed = true;
+                held.frames = Vec::new();
+            } else if !held.overflowed {
+                held.frames.push((seq, msg_json(seq, payload)));
+            }
+            return None;
+        }
+        if seq <= self.delivered || self.syncing.is_some() {
+            return None;
         }
         if seq == self.delivered + 1 {
             self.delivered = seq;
-            return vec![msg_json(seq, payload)];
+            return Some(msg_json(seq, payload));
         }
-        // A gap (a lagging event subscriber): fill it from the store.
-        let mut out = self.fill(self.delivered).await;
-        if seq > self.delivered {
-            self.delivered = seq;
-            out.push(msg_json(seq, payload));
+        self.catch_up();
+        None
+    }
+
+    /// Sends, from the store, every message after the last one this connection sent (pushes may
+    /// have been missed).
+    pub fn catch_up(&mut self) {
+        if self.awaiting_sync {
+            // The first sync reads it all anyway; without one, stop_waiting reads the store.
+            self.held = Held { overflowed: true, ..Held::default() };
+            return;
+        }
+        let from = self.delivered;
+        match &mut self.syncing {
+            Some(s) => s.next = s.next.min(from),
+            None => self.syncing = Some(Syncing { next: from, after: from, first: false }),
+        }
+    }
+
+    /// The device sent `{"t":"sync","after":S}`: every retained message after S that this
+    /// connection has not sent follows, in order, a page at a time (`sync_gap` first when S is
+    /// older than retention). A sync asked for while one runs restarts it from the older point.
+    pub fn request_sync(&mut self, after: u64) {
+        // What was held is read back in order by this sync (its pages reach the head).
+        self.awaiting_sync = false;
+        self.held = Held::default();
+        match &mut self.syncing {
+            Some(s) if after < s.next => *s = Syncing { next: after, after: s.after.min(after), first: true },
+            Some(_) => {}
+            None => self.syncing = Some(Syncing { next: after, after, first: true }),
+        }
+    }
+
+    /// Whether live pushes still wait for the device's first sync.
+    pub fn awaiting_sync(&self) -> bool {
+        self.awaiting_sync
+    }
+
+    /// The device did not sync soon after `hello`: it gets the pushes held meanwhile, then live
+    /// ones (held pushes that outgrew [`HELD_BYTES`] are read back from the store instead).
+    pub fn stop_waiting(&mut self) -> Vec<String> {
+        self.awaiting_sync = false;
+        let held = std::mem::take(&mut self.held);
+        if held.overflowed {
+            self.catch_up();
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (seq, frame) in held.frames {
+            if seq == self.delivered + 1 {
+                self.delivered = seq;
+                out.push(frame);
+            } else if seq > self.delivered {
+                self.catch_up(); // a gap (lagged events): the store has it all, in order
+                break;
+            }
         }
         out
     }
 
-    /// Frames answering `{"t":"sync","after":S}`: every retained message after S that this
-    /// connection has not sent, in order (`sync_gap` first when S is older than retention).
-    pub async fn sync(&mut self, after: u64) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut cursor = after;
-        let mut first = true;
-        loop {
-            let Some(read) = self.read(cursor).await else { break };
-            if first && read.head.oldest > after.saturating_add(1) && read.head.head > after {
-                out.push(ServerFrame::SyncGap { oldest: read.head.oldest }.to_json());
-            }
-            first = false;
-            if read.messages.is_empty() {
-                break;
-            }
-            for (seq, m) in &read.messages {
-                if *seq <= self.lo || *seq > self.delivered {
-                    out.push(msg_json(*seq, &m.payload));
-                }
-                cursor = *seq;
-            }
-            self.delivered = self.delivered.max(cursor);
-            if read.messages.len() < READ_BATCH {
-                break;
-            }
-        }
-        self.lo = self.lo.min(after);
-        out
+    /// Whether a sync has pages left to send.
+    pub fn syncing(&self) -> bool {
+        self.syncing.is_some()
     }
 
-    async fn fill(&mut self, after: u64) -> Vec<String> {
+    /// The frames of the next page of the sync in progress (the last page ends it).
+    pub async fn sync_page(&mut self) -> Vec<String> {
+        let Some(mut s) = self.syncing.take() else { return Vec::new() };
         let mut out = Vec::new();
-        if let Some(read) = self.read(after).await {
-            for (seq, m) in read.messages {
-                if seq > self.delivered {
-                    self.delivered = seq;
-                    out.push(msg_json(seq, &m.payload));
-                }
+        let Some(read) = self.read(s.next).await else {
+            // The store could not be read: this sync ends; the device may ask again.
+            return out;
+        };
+        if s.first && read.head.oldest > s.after.saturating_add(1) && read.head.head > s.after {
+            out.push(ServerFrame::SyncGap { oldest: read.head.oldest }.to_json());
+        }
+        s.first = false;
+        for (seq, m) in &read.messages {
+            if *seq <= self.lo || *seq > self.delivered {
+                out.push(msg_json(*seq, &m.payload));
             }
+            s.next = *seq;
+        }
+        self.delivered = self.delivered.max(s.next);
+        if read.messages.is_empty() || s.next >= read.head.head {
+            self.lo = self.lo.min(s.after);
+        } else {
+            self.syncing = Some(s);
         }
         out
     }

@@ -152,6 +152,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// Added to every `serve` of this cluster (e.g. `--snapshot-logs 50`).
     pub extra_args: Vec<String>,
+    /// Environment of every `serve` of this cluster (test hooks such as `GATEWAY_TEST_*`).
+    pub env: Vec<(String, String)>,
 }
 
 pub fn bin() -> &'static str {
@@ -178,6 +180,7 @@ impl Cluster {
             device_secret_file,
             nodes: Vec::new(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         }
     }
 
@@ -218,6 +221,7 @@ impl Cluster {
         let mut cmd = Command::new(bin());
         cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone().unwrap())).stderr(Stdio::from(log));
         scrub_env(&mut cmd);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         // Test hook of the node's wall clock: see `step_wall_clock`.
         cmd.env("GATEWAY_TEST_WALL_OFFSET_FILE", node.root.join("wall_offset_ms"));
         node.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin())));
