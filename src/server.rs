@@ -23,6 +23,7 @@ pub async fn serve<H, Fut>(
     name: &'static str,
     listener: TcpListener,
     header_read_timeout: Duration,
+    max_head_bytes: usize,
     conns: TaskTracker,
     shutdown: CancellationToken,
     handler: H,
@@ -54,6 +55,7 @@ pub async fn serve<H, Fut>(
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
+                .max_buf_size(max_head_bytes)
                 .serve_connection(TokioIo::new(stream), svc)
                 .with_upgrades();
             tokio::pin!(conn);

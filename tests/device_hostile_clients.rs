@@ -6,72 +6,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::raw::{rss_bytes, Raw};
 use common::ws::{Dial, Event, Outcome};
 use common::{wait_until, Cluster, SLACK};
 use serde_json::json;
-
-/// A WebSocket client built by hand on a blocking socket: it upgrades, then only writes.
-struct Raw {
-    stream: TcpStream,
-}
-
-impl Raw {
-    fn open(addr: SocketAddr, token: &str, attempt: u64) -> Raw {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let req = format!(
-            "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
-        );
-        stream.write_all(req.as_bytes()).unwrap();
-        // Read the 101 head byte by byte (never past it: what follows is left unread on purpose).
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed during the upgrade: {head:?}");
-            head.push(byte[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
-        stream.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
-        Raw { stream }
-    }
-
-    /// Writes one masked text frame; false once the node stopped taking bytes (or closed).
-    fn text(&mut self, payload: &[u8]) -> bool {
-        let mut frame = vec![0x81u8];
-        match payload.len() {
-            n if n < 126 => frame.push(0x80 | n as u8),
-            n if n <= 0xffff => {
-                frame.push(0x80 | 126);
-                frame.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                frame.push(0x80 | 127);
-                frame.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        frame.extend_from_slice(&[0, 0, 0, 0]); // a zero mask: the payload goes as is
-        frame.extend_from_slice(payload);
-        self.stream.write_all(&frame).is_ok()
-    }
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kb * 1024
-}
 
 const HOSTILE: usize = 50;
 const FRAMES: usize = 300;
@@ -218,4 +160,50 @@ fn max_connections_refuses_with_503_and_retry_after() {
             Outcome::Refused(r) => Err(r.status),
         }
     });
+}
+
+fn wait_connections(c: &Cluster, n: f64, bound: Duration, what: &str) {
+    wait_until(bound, what, || match c.metric(0, "gateway_connections") {
+        Some(v) if v == n => Ok(()),
+        other => Err(other),
+    });
+}
+
+/// Messages published to the kicked device: more than the loopback socket buffers hold, so the
+/// node's write of its sync blocks.
+const BACKLOG: usize = 300;
+
+#[test]
+fn a_kick_interrupts_a_write_blocked_on_a_device_that_does_not_read() {
+    let mut c = Cluster::new();
+    c.spawn("n1", common::Start::Bootstrap);
+    let addr = c.public_addr(0);
+    let token = c.token("k1", 1);
+    // The device connects once (so it has a stream), and is away while its backlog is published.
+    drop(c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("k1"));
+    wait_connections(&c, 0.0, SLACK, "k1 gone");
+    let payload = json!({ "pad": "k".repeat(60_000) });
+    std::thread::scope(|s| {
+        for part in 0..4 {
+            let (c, payload) = (&c, &payload);
+            s.spawn(move || {
+                for n in (part..BACKLOG).step_by(4) {
+                    assert_eq!(c.publish(0, "k1", payload, Some(&format!("k-{n}"))).0, 200);
+                }
+            });
+        }
+    });
+    let mut stalled = Raw::open(addr, &token, 2);
+    // The node writes the whole backlog into a socket nobody reads: the write blocks.
+    assert!(stalled.text(br#"{"t":"sync","after":0}"#));
+    std::thread::sleep(Duration::from_millis(500)); // let the pages fill the socket buffers
+    let kicked = Instant::now();
+    let mut ws = c.dial(0, "/ws?attempt=3", &Dial::token(&token)).open("the takeover");
+    ws.hello();
+    // Default idle_ms is 60 s: without the kick interrupting it, the blocked write would hold the
+    // old session (and its connection) that long.
+    let bound = Duration::from_millis(250) + SLACK;
+    wait_connections(&c, 1.0, bound, "the stalled session gone");
+    println!("hostile: a write blocked on a non-reading device ended {:?} after the takeover", kicked.elapsed());
+    drop(stalled);
 }

@@ -70,7 +70,9 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         let api = api.clone();
         async move { handle(&api, req).await }
     };
-    crate::server::serve("cluster", listener, Duration::from_secs(10), conns, shutdown, handler).await
+    // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
+    crate::server::serve("cluster", listener, Duration::from_secs(10), 8192 + 4096 * 100, conns, shutdown, handler)
+        .await
 }
 
 async fn handle(api: &Api, req: Request<Incoming>) -> Resp {

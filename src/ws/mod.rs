@@ -74,11 +74,16 @@ async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
     }
 }
 
+/// hyper's read buffer for a device's request head (a token is at most 4 KiB, in a header or the
+/// query): a head that outgrows it (hyper reads in doubling chunks, so about twice this) gets 431,
+/// and 10,000 slow clients cannot hold hyper's default ~400 KB each.
+const MAX_HEAD_BYTES: usize = 16 << 10;
+
 /// Serves the public listener until `shutdown` fires; connections are tracked on `conns`.
 pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shutdown: CancellationToken) {
     let timeout = gate.header_read_timeout;
     let handler = move |req| route(gate.clone(), req);
-    crate::server::serve("public", listener, timeout, conns, shutdown, handler).await
+    crate::server::serve("public", listener, timeout, MAX_HEAD_BYTES, conns, shutdown, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer
