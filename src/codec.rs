@@ -34,12 +34,25 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
 }
 
 /// Decodes a value written by [`encode`], refusing unknown versions and trailing garbage.
+///
+/// What a decode may claim (bincode counts every value's in-memory size, and a string's or
+/// buffer's length before allocating it) is bounded by the input's length: 16 times it (a one-byte
+/// varint can stand for a 16-byte integer), in tiers. So a length prefix of a few bytes cannot make
+/// the node allocate a terabyte (an abort) or gigabytes; inputs over 64 MiB (a snapshot assembled
+/// from the leader's chunks) are not bounded.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != VERSION {
         return Err(CodecError::Version(version));
     }
-    let (value, used) = bincode::serde::decode_from_slice(body, config())?;
+    let c = config();
+    let (value, used) = match body.len() {
+        n if n <= 4 << 10 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 64 << 10 }>())?,
+        n if n <= 64 << 10 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 1 << 20 }>())?,
+        n if n <= 1 << 20 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 16 << 20 }>())?,
+        n if n <= 64 << 20 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 1 << 30 }>())?,
+        _ => bincode::serde::decode_from_slice(body, c)?,
+    };
     if used != body.len() {
         return Err(CodecError::Trailing(body.len() - used));
     }
@@ -63,5 +76,26 @@ mod tests {
         let mut long = bytes;
         long.push(0);
         assert!(matches!(decode::<(u64, String, Vec<u8>)>(&long), Err(CodecError::Trailing(1))));
+    }
+
+    #[test]
+    fn a_length_prefix_cannot_claim_more_than_the_input_allows() {
+        // A string of 2^40 bytes (8-byte length marker 0xFD): the process aborted allocating it;
+        // 2^63 panicked with a capacity overflow; 2^24 (4-byte marker 0xFC) allocated 16 MiB.
+        for bytes in [
+            vec![VERSION, 0xFD, 0, 0, 0, 0, 0, 1, 0, 0],
+            vec![VERSION, 0xFD, 0, 0, 0, 0, 0, 0, 0, 0x80],
+            vec![VERSION, 0xFC, 0, 0, 0, 1],
+        ] {
+            let e = decode::<String>(&bytes).unwrap_err();
+            assert!(matches!(e, CodecError::Decode(bincode::error::DecodeError::LimitExceeded)), "{e}");
+        }
+        // Values as large as their tier still decode.
+        for len in [4000, 60_000, 1_000_000, 3 << 20] {
+            let big = "x".repeat(len);
+            assert_eq!(decode::<String>(&encode(&big).unwrap()).unwrap(), big);
+            let many: Vec<u64> = (0..len as u64 / 8).collect();
+            assert_eq!(decode::<Vec<u64>>(&encode(&many).unwrap()).unwrap(), many);
+        }
     }
 }

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// entry fits in a Raft append ([`crate::http::MAX_APPEND_BYTES`]) with room to spare.
 pub const MAX_PAYLOAD_LIMIT: usize = 1 << 20;
 
+/// The longest duration any `*_ms` setting may have.
+pub const MAX_DURATION_MS: u64 = 1 << 40;
+
 /// File descriptors kept out of `max_connections` when it is derived from the open-file limit:
 /// Raft and admin connections, redb, logs.
 pub const FD_RESERVE: usize = 1024;
@@ -233,10 +236,9 @@ impl Config {
             admit_burst: flags.admit_burst.or(file.admit_burst).unwrap_or(dd.admit_burst),
             // A claim parks through a leader election (the proposer waits for the next leader):
             // by default long enough for an openraft 0.9 election (up to ~4 election timeouts).
-            handshake_timeout_ms: flags
-                .handshake_timeout_ms
-                .or(file.handshake_timeout_ms)
-                .unwrap_or(dd.handshake_timeout_ms.max(4 * timing.election_timeout_ms + 1_000)),
+            handshake_timeout_ms: flags.handshake_timeout_ms.or(file.handshake_timeout_ms).unwrap_or(
+                dd.handshake_timeout_ms.max(timing.election_timeout_ms.saturating_mul(4).saturating_add(1_000)),
+            ),
             header_read_timeout_ms: flags
                 .header_read_timeout_ms
                 .or(file.header_read_timeout_ms)
@@ -285,7 +287,7 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let t = &self.timing;
+        let (t, d) = (&self.timing, &self.device);
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if let Some(name) = &self.name {
             if name.is_empty()
@@ -294,6 +296,24 @@ impl Config {
             {
                 return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
             }
+        }
+        let durations = [
+            ("lease_ms", t.lease_ms),
+            ("sweep_ms", t.sweep_ms),
+            ("election_timeout_ms", t.election_timeout_ms),
+            ("heartbeat_ms", t.heartbeat_ms),
+            ("propose_timeout_ms", t.propose_timeout_ms),
+            ("ping_ms", d.ping_ms),
+            ("idle_ms", d.idle_ms),
+            ("handshake_timeout_ms", d.handshake_timeout_ms),
+            ("header_read_timeout_ms", d.header_read_timeout_ms),
+            ("drain_timeout_ms", d.drain_timeout_ms),
+            ("retain_ms", d.retain_ms),
+            ("idempotency_ms", d.idempotency_ms),
+        ];
+        // Time arithmetic (deadlines, lease ends, the rules below) then never overflows.
+        if let Some((key, v)) = durations.iter().find(|(_, v)| *v > MAX_DURATION_MS) {
+            return bad(format!("{key} ({v}) must be at most {MAX_DURATION_MS} (2^40 ms, about 34 years)"));
         }
         if t.max_voters == 0 || t.max_voters > 7 || t.max_voters % 2 == 0 {
             return bad(format!("max_voters = {}: must be odd, 1 to 7", t.max_voters));
@@ -320,7 +340,6 @@ impl Config {
         if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
             return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
         }
-        let d = &self.device;
         if d.ping_ms == 0 || d.idle_ms <= d.ping_ms {
             return bad(format!("idle_ms ({}) must be greater than ping_ms ({})", d.idle_ms, d.ping_ms));
         }
@@ -422,6 +441,9 @@ mod tests {
             "sweep_ms = 0",
             "lease_ms = 4000\nelection_timeout_ms = 1000",
             "max_payload_bytes = 1048577",
+            "election_timeout_ms = 2305843009213693952\nlease_ms = 9223372036854775807",
+            "election_timeout_ms = 4611686018427387904",
+            "retain_ms = 1099511627777",
             "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
             "send_queue_bytes = 1000",
             "max_payload_bytes = 1",

@@ -109,7 +109,7 @@ pub struct AdmissionStatus {
 impl StatusReport {
     /// The routes currently held, summed over members.
     pub fn total_routes(&self) -> u64 {
-        self.members.iter().map(|m| m.routes).sum()
+        self.members.iter().fold(0u64, |total, m| total.saturating_add(m.routes))
     }
 
     /// A table for people (`gateway status`, `gateway watch`).

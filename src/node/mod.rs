@@ -189,6 +189,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
             idle_ms: d.idle_ms,
             max_message_bytes: d.max_message_bytes,
             send_queue: d.send_queue,
+            send_queue_bytes: d.send_queue_bytes,
         },
         metrics: metrics.clone(),
         tasks: tasks.clone(),

@@ -181,7 +181,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         };
         tasks.spawn(tracing::Instrument::in_current_span(ack));
     });
-    let cursor = StreamCursor::new(device.clone(), g.cluster.clone(), acker, stream_head);
+    let cursor = StreamCursor::new(device.clone(), g.cluster.clone(), acker, stream_head, g.session.send_queue_bytes);
     let gate = g.clone();
     let cfg = g.session.clone();
     g.metrics.connections.inc();

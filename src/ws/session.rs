@@ -27,6 +27,7 @@ pub struct SessionConfig {
     pub idle_ms: u64,
     pub max_message_bytes: usize,
     pub send_queue: usize,
+    pub send_queue_bytes: usize,
 }
 
 /// How a session ended.
@@ -114,7 +115,12 @@ pub async fn run(
                 }
                 Some(Control::Deliver { seq, payload }) => {
                     queued.fetch_sub(payload.len(), Ordering::Relaxed);
-                    cursor.deliver(seq, &payload).map(text).into_iter().collect()
+                    let frame = cursor.deliver(seq, &payload);
+                    if cursor.over_budget() {
+                        close_with = Some((close::TRY_AGAIN_LATER, "send queue full: reconnect and sync".into()));
+                        break;
+                    }
+                    frame.map(text).into_iter().collect()
                 }
                 Some(Control::Sync { after }) => {
                     cursor.request_sync(after);

@@ -34,19 +34,18 @@ pub struct StreamCursor {
     /// device behind the head must get its backlog before anything newer, and its sync may reach
     /// the node after the first push (then it would ack past what it never got).
     awaiting_sync: bool,
-    /// The pushes held meanwhile, for a device that does not sync, up to [`HELD_BYTES`] (beyond,
-    /// they are read back from the store).
+    /// The pushes held meanwhile, for a device that does not sync.
     held: Held,
+    /// Most payload bytes held (`send_queue_bytes`: the same budget as the session's queue).
+    held_budget: usize,
 }
-
-/// Most payload bytes held for a device before its first sync.
-const HELD_BYTES: usize = 256 << 10;
 
 #[derive(Default)]
 struct Held {
     frames: Vec<(u64, String)>,
     bytes: usize,
-    overflowed: bool,
+    /// Pushes were missed meanwhile (lagged events): read them back from the store.
+    missed: bool,
 }
 
 /// Where a sync is: the next page reads after `next`; the device asked for everything after
@@ -59,7 +58,7 @@ struct Syncing {
 }
 
 impl StreamCursor {
-    pub fn new(device: String, cluster: Handle, acker: Acker, head: u64) -> StreamCursor {
+    pub fn new(device: String, cluster: Handle, acker: Acker, head: u64, held_budget: usize) -> StreamCursor {
         StreamCursor {
             device,
             cluster,
@@ -71,6 +70,7 @@ impl StreamCursor {
             syncing: None,
             awaiting_sync: true,
             held: Held::default(),
+            held_budget,
         }
     }
 
@@ -92,10 +92,7 @@ impl StreamCursor {
         if self.awaiting_sync {
             let held = &mut self.held;
             held.bytes += payload.len();
-            if held.bytes > HELD_BYTES {
-                held.overflowed = true;
-                held.frames = Vec::new();
-            } else if !held.overflowed {
+            if held.bytes <= self.held_budget {
                 held.frames.push((seq, msg_json(seq, payload)));
             }
             return None;
@@ -116,7 +113,7 @@ impl StreamCursor {
     pub fn catch_up(&mut self) {
         if self.awaiting_sync {
             // The first sync reads it all anyway; without one, stop_waiting reads the store.
-            self.held = Held { overflowed: true, ..Held::default() };
+            self.held.missed = true;
             return;
         }
         let from = self.delivered;
@@ -145,12 +142,18 @@ impl StreamCursor {
         self.awaiting_sync
     }
 
+    /// More was held for a device that has not synced than its queue may hold: like a full
+    /// queue, the session closes (1013) and the device syncs on its next connection.
+    pub fn over_budget(&self) -> bool {
+        self.held.bytes > self.held_budget
+    }
+
     /// The device did not sync soon after `hello`: it gets the pushes held meanwhile, then live
-    /// ones (held pushes that outgrew [`HELD_BYTES`] are read back from the store instead).
+    /// ones (read back from the store if some were missed).
     pub fn stop_waiting(&mut self) -> Vec<String> {
         self.awaiting_sync = false;
         let held = std::mem::take(&mut self.held);
-        if held.overflowed {
+        if held.missed {
             self.catch_up();
             return Vec::new();
         }
