@@ -207,3 +207,49 @@ fn a_kick_interrupts_a_write_blocked_on_a_device_that_does_not_read() {
     println!("hostile: a write blocked on a non-reading device ended {:?} after the takeover", kicked.elapsed());
     drop(stalled);
 }
+
+/// Retained messages behind the paged sync below: ~18 MB.
+const SYNC_BACKLOG: usize = 300;
+/// What one stalled sync may cost: a page (256 KiB) being written, the store's read of it, and
+/// what the allocator keeps around; far below the backlog.
+const SYNC_RSS_BOUND: u64 = 16 << 20;
+
+#[test]
+fn a_sync_is_sent_a_page_at_a_time() {
+    let mut c = Cluster::new();
+    c.spawn("n1", common::Start::Bootstrap);
+    let (addr, pid) = (c.public_addr(0), c.nodes[0].pid().unwrap());
+    let token = c.token("p1", 1);
+    drop(c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("p1"));
+    wait_connections(&c, 0.0, SLACK, "p1 gone");
+    let payload = json!({ "pad": "s".repeat(60_000) });
+    std::thread::scope(|s| {
+        for part in 0..4 {
+            let (c, payload) = (&c, &payload);
+            s.spawn(move || {
+                for n in (part..SYNC_BACKLOG).step_by(4) {
+                    assert_eq!(c.publish(0, "p1", payload, Some(&format!("p-{n}"))).0, 200);
+                }
+            });
+        }
+    });
+    let baseline = rss_bytes(pid);
+    // A device that asks for its whole backlog, again and again, and never reads.
+    let mut stalled = Raw::open(addr, &token, 2);
+    for _ in 0..20 {
+        assert!(stalled.text(br#"{"t":"sync","after":0}"#));
+    }
+    let mut peak = baseline;
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(2) {
+        peak = peak.max(rss_bytes(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let growth = peak.saturating_sub(baseline);
+    println!(
+        "hostile: a stalled sync of {SYNC_BACKLOG} x 60 KB grew the node by {:.1} MiB",
+        growth as f64 / (1 << 20) as f64
+    );
+    assert!(growth <= SYNC_RSS_BOUND, "a sync buffered {growth} bytes (bound {SYNC_RSS_BOUND})");
+    drop(stalled);
+}
