@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::ws::{Dial, Event};
-use common::{Cluster, SLACK};
+use common::{b64, Cluster, SLACK};
 use gateway::token::{mint, DeviceClaims};
 
 const HEADER_READ_TIMEOUT_MS: u64 = 500;
@@ -18,19 +18,6 @@ const MAX_MESSAGE_BYTES: usize = 1024;
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
-}
-
-/// URL-safe base64 without padding (enough for hand-built tokens).
-fn b64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 /// Opens a TCP connection, sends `prefix`, and measures how long until the server closes it.

@@ -169,6 +169,21 @@ fn wait_connections(c: &Cluster, n: f64, bound: Duration, what: &str) {
     });
 }
 
+/// Publishes `count` messages of 60 KB to `device` on node 0, four at a time.
+fn publish_backlog(c: &Cluster, device: &str, count: usize) {
+    let payload = json!({ "pad": "b".repeat(60_000) });
+    std::thread::scope(|s| {
+        for part in 0..4 {
+            let payload = &payload;
+            s.spawn(move || {
+                for n in (part..count).step_by(4) {
+                    assert_eq!(c.publish(0, device, payload, Some(&format!("{device}-{n}"))).0, 200);
+                }
+            });
+        }
+    });
+}
+
 /// Messages published to the kicked device: more than the loopback socket buffers hold, so the
 /// node's write of its sync blocks.
 const BACKLOG: usize = 300;
@@ -182,17 +197,7 @@ fn a_kick_interrupts_a_write_blocked_on_a_device_that_does_not_read() {
     // The device connects once (so it has a stream), and is away while its backlog is published.
     drop(c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("k1"));
     wait_connections(&c, 0.0, SLACK, "k1 gone");
-    let payload = json!({ "pad": "k".repeat(60_000) });
-    std::thread::scope(|s| {
-        for part in 0..4 {
-            let (c, payload) = (&c, &payload);
-            s.spawn(move || {
-                for n in (part..BACKLOG).step_by(4) {
-                    assert_eq!(c.publish(0, "k1", payload, Some(&format!("k-{n}"))).0, 200);
-                }
-            });
-        }
-    });
+    publish_backlog(&c, "k1", BACKLOG);
     let mut stalled = Raw::open(addr, &token, 2);
     // The node writes the whole backlog into a socket nobody reads: the write blocks.
     assert!(stalled.text(br#"{"t":"sync","after":0}"#));
@@ -222,17 +227,7 @@ fn a_sync_is_sent_a_page_at_a_time() {
     let token = c.token("p1", 1);
     drop(c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("p1"));
     wait_connections(&c, 0.0, SLACK, "p1 gone");
-    let payload = json!({ "pad": "s".repeat(60_000) });
-    std::thread::scope(|s| {
-        for part in 0..4 {
-            let (c, payload) = (&c, &payload);
-            s.spawn(move || {
-                for n in (part..SYNC_BACKLOG).step_by(4) {
-                    assert_eq!(c.publish(0, "p1", payload, Some(&format!("p-{n}"))).0, 200);
-                }
-            });
-        }
-    });
+    publish_backlog(&c, "p1", SYNC_BACKLOG);
     let baseline = rss_bytes(pid);
     // A device that asks for its whole backlog, again and again, and never reads.
     let mut stalled = Raw::open(addr, &token, 2);

@@ -8,12 +8,15 @@
 //! `PROPTEST_CASES=200000 cargo test --release --test fuzz_decoders`. [`config`] reads that
 //! variable itself: a `cases` set in code would override proptest's own reading of it.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use common::b64;
 use gateway::cluster::ProposeError;
 use gateway::codec::{decode, encode, CodecError, VERSION};
 use gateway::config::{
@@ -303,19 +306,6 @@ const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
 fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
-}
-
-/// URL-safe base64 without padding, for hand-built tokens.
-fn b64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
 }
 
 /// A string no error message contains by chance.

@@ -483,3 +483,16 @@ pub fn random_hex(chars: usize) -> String {
     let mut r = Rng::new(Rng::seeded_from_time().next() ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     (0..chars).map(|_| char::from_digit(r.below(16) as u32, 16).unwrap()).collect()
 }
+
+/// URL-safe base64 without padding, for hand-built tokens.
+pub fn b64(bytes: &[u8]) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
