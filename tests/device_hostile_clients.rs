@@ -209,6 +209,7 @@ fn a_kick_interrupts_a_write_blocked_on_a_device_that_does_not_read() {
     // old session (and its connection) that long.
     let bound = Duration::from_millis(250) + SLACK;
     wait_connections(&c, 1.0, bound, "the stalled session gone");
+    assert_eq!(c.metric(0, "gateway_kicks_total"), Some(1.0), "ended as the kick it was (4001)");
     println!("hostile: a write blocked on a non-reading device ended {:?} after the takeover", kicked.elapsed());
     drop(stalled);
 }

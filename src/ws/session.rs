@@ -174,8 +174,16 @@ pub async fn run(
                     break 'session;
                 }
                 _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
-                    stuck = true;
-                    break 'session;
+                    // Ended with the close it was told to send (4001 counts as a kick, and a
+                    // superseded route is not released).
+                    let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match ctl {
+                        Control::Close { code, .. } => Some(code),
+                        Control::Goaway { .. } => Some(close::GOING_AWAY),
+                        _ => None,
+                    });
+                    cursor.flush_ack();
+                    reader.abort();
+                    return Ended::Closed(code.unwrap_or(close::TRY_AGAIN_LATER));
                 }
             };
             match written {
