@@ -52,6 +52,9 @@ pub enum Command {
         #[command(flatten)]
         secret: SecretArgs,
     },
+    /// The cluster-wide handshake admission budget, shared evenly by the live nodes.
+    #[command(subcommand)]
+    Admission(AdmissionCommand),
     /// Drain a node (as SIGTERM does): refuse handshakes, leave the ring, move its devices away, exit.
     Drain {
         /// Cluster address (host:port) of the node to drain.
@@ -128,6 +131,40 @@ pub enum Command {
 }
 
 /// `gateway serve` flags; every one also reads `GATEWAY_<NAME>` and the TOML file given by --config.
+/// `gateway admission ...`
+#[derive(Debug, Subcommand)]
+pub enum AdmissionCommand {
+    /// Set the budget: the cluster admits about `rate` handshakes per second (`burst` at once),
+    /// each live node `rate / live`, recomputed when the ring changes.
+    Set {
+        /// Cluster address (host:port) of any member.
+        #[arg(long)]
+        cluster: String,
+        /// Handshakes per second for the whole cluster (0.01 to 1e9).
+        #[arg(long)]
+        rate: f64,
+        /// Handshakes at once for the whole cluster.
+        #[arg(long)]
+        burst: u32,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+    /// Drop the budget: each node goes back to its own --admit-rate and --admit-burst.
+    Clear {
+        #[arg(long)]
+        cluster: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+    /// Show the budget and the answering node's share.
+    Show {
+        #[arg(long)]
+        cluster: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// TOML config file (keys as in deploy/gateway.example.toml); flags and env override it.

@@ -146,6 +146,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 print!("{}", report.render());
             }
         }
+        Command::Admission(cmd) => {
+            use gateway::cli::AdmissionCommand as A;
+            let (cluster, secret, change) = match cmd {
+                A::Set { cluster, rate, burst, secret } => (cluster, secret, Some(Some((rate, burst)))),
+                A::Clear { cluster, secret } => (cluster, secret, Some(None)),
+                A::Show { cluster, secret } => (cluster, secret, None),
+            };
+            let admin = admin(&secret)?;
+            if let Some(budget) = change {
+                admin.set_admission(&cluster, budget).await?;
+                match budget {
+                    Some((rate, burst)) => println!("cluster budget set: {rate}/s, burst {burst} (committed)"),
+                    None => println!("cluster budget cleared (committed)"),
+                }
+                return Ok(());
+            }
+            let report = admin.status(&cluster).await?;
+            match report.admission_budget {
+                Some(b) => println!("cluster budget: {}/s, burst {}", b.rate_per_s, b.burst),
+                None => println!("cluster budget: none (each node uses its own --admit-rate)"),
+            }
+            if let Some(a) = report.admission {
+                println!("{}: {:.2}/s, burst {}", report.node.name, a.rate_per_s, a.burst);
+            }
+        }
         Command::Drain { node, wait, secret } => {
             let admin = admin(&secret)?;
             admin.drain(&node).await?;

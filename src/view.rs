@@ -24,6 +24,12 @@ impl ClusterView {
         ClusterView { state: Arc::new(state), ring }
     }
 
+    /// A live node's share of the cluster's admission budget (rate per second, burst), if a
+    /// budget is set: divided by the live nodes as of the last ring change.
+    pub fn admission_share(&self) -> Option<(f64, u32)> {
+        self.state.admission.map(|b| b.share(self.state.live_set().len()))
+    }
+
     pub fn member(&self, id: NodeId) -> Option<&Member> {
         self.state.members.get(&id)
     }

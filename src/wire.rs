@@ -95,6 +95,10 @@ pub struct StatusReport {
     /// storm model with.
     #[serde(default)]
     pub admission: Option<AdmissionStatus>,
+    /// The cluster-wide admission budget (`gateway admission set`), which the live nodes share
+    /// evenly; absent when each node uses its own `--admit-rate`.
+    #[serde(default)]
+    pub admission_budget: Option<AdmissionStatus>,
     pub members: Vec<MemberStatus>,
     pub ring: RingStatus,
 }
@@ -132,6 +136,12 @@ impl StatusReport {
             self.last_log_index,
             self.total_routes()
         );
+        if let Some(a) = &self.admission {
+            let budget = self.admission_budget.map_or("its own --admit-rate".to_string(), |b| {
+                format!("its share of the cluster budget {}/s burst {}", b.rate_per_s, b.burst)
+            });
+            let _ = writeln!(s, "admission {:.2}/s burst {} ({budget})", a.rate_per_s, a.burst);
+        }
         let _ = writeln!(
             s,
             "lease {} ms  sweep {} ms  election timeout {} ms",

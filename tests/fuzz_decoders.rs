@@ -23,8 +23,8 @@ use gateway::config::{
     Config, ConfigError, DeviceConfig, FileConfig, Start, Timing, MAX_DURATION_MS, MAX_PAYLOAD_LIMIT,
 };
 use gateway::machine::{
-    Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Forget, Init, Member, NodeId, Publish, PublishReply, Release,
-    ReleaseNode, Renew, Reply, Superseded, Suspect, Sweep, Swept,
+    Ack, Budget, Claim, ClaimReply, Command, Drain, ExtendLeases, Forget, Init, Member, NodeId, Publish, PublishReply,
+    Release, ReleaseNode, Renew, Reply, SetAdmission, Superseded, Suspect, Sweep, Swept,
 };
 use gateway::protocol::{msg_json, ClientFrame, ServerFrame};
 use gateway::raft::types::{Entry, LogId, Request, TypeConfig, Vote};
@@ -476,6 +476,9 @@ fn command() -> impl Strategy<Value = Command> {
         }),
         (text(), u()).prop_map(|(device, seq)| Command::Ack(Ack { device, seq })),
         u64s(3).prop_map(|n| Command::Suspect(Suspect { node: n[0], at_ms: n[1], hold_ms: n[2] })),
+        of((u(), any::<u32>())).prop_map(|b| Command::SetAdmission(SetAdmission {
+            budget: b.map(|(milli_rate, burst)| Budget { milli_rate, burst })
+        })),
     ]
 }
 
@@ -759,13 +762,14 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
             propose_timeout_ms: n[5],
         }
     });
-    let admission = of((dyadic(), any::<u32>()).prop_map(|(rate_per_s, burst)| AdmissionStatus { rate_per_s, burst }));
+    let admission =
+        || of((dyadic(), any::<u32>()).prop_map(|(rate_per_s, burst)| AdmissionStatus { rate_per_s, burst }));
     let head = (of(text()), node_ref(), of(node_ref()), text(), u64s(4), of(any::<u64>()), of(any::<u64>()));
-    (head, config, admission, vec(member, 0..3), ring).prop_map(
+    (head, config, (admission(), admission()), vec(member, 0..3), ring).prop_map(
         |(
             (cluster_id, node, leader, server_state, n, snapshot_index, purged_index),
             config,
-            admission,
+            (admission, admission_budget),
             members,
             ring,
         )| {
@@ -783,6 +787,7 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
                 purged_index,
                 config,
                 admission,
+                admission_budget,
                 members,
                 ring,
             }

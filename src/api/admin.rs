@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::{error, Api};
 use crate::answer::{self, json, Resp};
 use crate::cluster::membership::MembershipError;
-use crate::machine::{Claim, ClaimReply, NodeId};
+use crate::machine::{Budget, Claim, ClaimReply, NodeId};
 use crate::metrics::ResultLabel;
 use crate::protocol::MAX_ATTEMPT;
 use crate::token::valid_device_id;
@@ -17,8 +17,49 @@ use crate::wire::{AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, Nod
 
 pub fn status(api: &Api) -> Resp {
     let mut report = api.cluster.report();
-    report.admission = Some(AdmissionStatus { rate_per_s: api.device.admit_rate, burst: api.device.admit_burst });
+    let view = api.cluster.view();
+    let (rate_per_s, burst) = view.admission_share().unwrap_or((api.device.admit_rate, api.device.admit_burst));
+    report.admission = Some(AdmissionStatus { rate_per_s, burst });
+    report.admission_budget = view.state.admission.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
     json(StatusCode::OK, &report)
+}
+
+/// `POST /cluster/admission` `{"rate": R, "burst": B}` sets the cluster-wide admission budget
+/// (the live nodes share it evenly); `{"clear": true}` goes back to each node's `--admit-rate`.
+pub async fn set_admission(api: &Api, body: &[u8]) -> Resp {
+    let req: AdmissionRequest = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+    };
+    let budget = match req {
+        AdmissionRequest { clear: true, .. } => None,
+        AdmissionRequest { rate: Some(rate), burst: Some(burst), .. }
+            if (0.01..=1e9).contains(&rate) && (1..=1_000_000_000).contains(&burst) =>
+        {
+            Some(Budget { milli_rate: (rate * 1000.0).round() as u64, burst })
+        }
+        _ => {
+            let msg = "send {\"rate\": 0.01..=1e9, \"burst\": 1..=1e9} or {\"clear\": true}";
+            return error(StatusCode::BAD_REQUEST, "bad_admission", msg);
+        }
+    };
+    match api.cluster.set_admission(budget).await {
+        Ok(()) => {
+            tracing::info!(?budget, "admission budget set over the admin API");
+            let b = budget.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
+            json(StatusCode::OK, &serde_json::json!({ "admission_budget": b }))
+        }
+        Err(e) => answer::write_error(&e).response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdmissionRequest {
+    rate: Option<f64>,
+    burst: Option<u32>,
+    #[serde(default)]
+    clear: bool,
 }
 
 /// Prometheus text; Raft and cluster gauges are refreshed from the current state first.

@@ -136,6 +136,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::POST, ["cluster", "removed"]) => admin::removed(api),
         (&Method::GET, ["cluster", "ping"]) => admin::ping(api),
         (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
+        (&Method::POST, ["cluster", "admission"]) => admin::set_admission(api, &body).await,
         (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,
         (&Method::POST, ["v1", "devices", device, "messages"]) => {

@@ -19,8 +19,8 @@ use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
-    Ack, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
-    PublishReply, Release, ReleaseNode, Renew, Reply, Route, StreamRead, Suspect, Sweep, Swept,
+    Ack, Budget, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
+    PublishReply, Release, ReleaseNode, Renew, Reply, Route, SetAdmission, StreamRead, Suspect, Sweep, Swept,
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
@@ -161,6 +161,11 @@ impl Handle {
     /// Takes a node out of the ring (drain); whether it was live.
     pub async fn drain(&self, node: NodeId) -> Result<bool, ProposeError> {
         self.write(Drain { node, at_ms: 0 }).await
+    }
+
+    /// Sets (or, with `None`, clears) the cluster-wide admission budget.
+    pub async fn set_admission(&self, budget: Option<Budget>) -> Result<(), ProposeError> {
+        self.write(SetAdmission { budget }).await
     }
 
     /// Deletes every route of a node (the end of a drain); how many.

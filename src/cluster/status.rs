@@ -49,6 +49,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
         purged_index: m.purged.map(|l| l.index),
         config: inner.timing.clone(),
         admission: None,
+        admission_budget: None,
         members,
         ring: RingStatus {
             version: view.state.ring_version,

@@ -4,6 +4,7 @@
 //! leader stamps `at_ms`). It imports no runtime crate — no tokio, hyper, openraft or redb — so
 //! the rules are tested against a model on in-memory tables.
 
+pub mod admission;
 pub mod claim;
 pub mod lease;
 pub mod stream;
@@ -23,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use admission::{Budget, SetAdmission};
 pub use claim::{Claim, ClaimReply, Release};
 pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
 pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
@@ -40,6 +42,8 @@ pub struct State {
     pub clock_ms: u64,
     /// The term of the last applied `ExtendLeases`: sweeps of any other term are ignored.
     pub extended_term: u64,
+    /// The cluster-wide admission budget, if one was set (`gateway admission set`).
+    pub admission: Option<Budget>,
     /// The Raft membership as applied (voters and learners).
     pub members: BTreeMap<NodeId, Member>,
     pub voters: BTreeSet<NodeId>,
@@ -164,6 +168,8 @@ commands! {
     Ack => u64,
     /// Takes a live node the leader stopped hearing from out of the ring: whether it was live.
     Suspect => bool,
+    /// Sets (or clears) the cluster-wide admission budget.
+    SetAdmission => (),
 }
 
 impl Command {

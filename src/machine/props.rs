@@ -155,6 +155,8 @@ impl Model {
                 _ => Reply::Suspect(false),
             },
             Command::ReleaseNode(ReleaseNode { node }) => Reply::ReleaseNode(self.drop_routes_of(node)),
+            // The budget touches no route or lease (its rule has its own tests).
+            Command::SetAdmission(_) => Reply::SetAdmission(()),
             Command::Forget(Forget { node }) => {
                 let n = self.drop_routes_of(node);
                 self.nodes.remove(&node);

@@ -293,6 +293,7 @@ macro_rules! backend_tests {
             a_dead_node_is_extended_once_however_often_leadership_changes,
             a_suspect_leaves_the_ring_keeps_its_routes_and_rejoins_after_the_hold,
             cluster_time_is_the_newest_stamp_applied,
+            the_admission_budget_is_replicated_and_survives_a_reopen,
         );
         $crate::machine::testkit::backend_tests!(@each $backend, stream_tests:
             publish_needs_a_known_device_then_seqs_count_up_and_reads_page,

@@ -125,6 +125,20 @@ pub fn cluster_time_is_the_newest_stamp_applied<B: Backend>() {
     assert_eq!(sm.state.clock_ms, 900);
 }
 
+pub fn the_admission_budget_is_replicated_and_survives_a_reopen<B: Backend>() {
+    use crate::machine::{Budget, SetAdmission};
+    let mut sm = Sm::<B>::new();
+    assert_eq!(sm.state.admission, None);
+    let budget = Budget { milli_rate: 30_000, burst: 9 };
+    let set = |budget| Command::SetAdmission(SetAdmission { budget });
+    assert_eq!(sm.one(set(Some(budget))), Reply::SetAdmission(()));
+    assert_eq!(sm.state.admission, Some(budget));
+    let mut sm = sm.reopen();
+    assert_eq!(sm.state.admission, Some(budget));
+    sm.one(set(None));
+    assert_eq!(sm.reopen().state.admission, None);
+}
+
 pub fn claim_accept_supersede_stale_and_epoch_order<B: Backend>() {
     let mut sm = Sm::<B>::new();
     sm.entry(vec![renew(1, 1000, 10_000), renew(2, 1000, 10_000), renew(3, 1000, 10_000)]);

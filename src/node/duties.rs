@@ -16,6 +16,7 @@ use crate::config::Timing;
 use crate::http::HttpClient;
 use crate::machine::{LeaseState, NodeId, Renew};
 use crate::metrics::Metrics;
+use crate::ws::admission::Admission;
 use crate::ws::registry::Registry;
 use crate::ws::Mode;
 
@@ -266,6 +267,28 @@ pub async fn watch_removal(me: NodeId, mut view: ClusterWatch, cancel: Cancellat
             return;
         }
         was_member |= is_member;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = view.changed() => if r.is_err() { return },
+        }
+    }
+}
+
+/// Keeps the node's admission bucket at its share of the cluster budget (divided by the live
+/// nodes, recomputed with every applied ring change), or at `local` (`--admit-rate`,
+/// `--admit-burst`) while no budget is set.
+pub async fn follow_admission(
+    admission: Arc<Admission>,
+    local: (f64, u32),
+    mut view: ClusterWatch,
+    cancel: CancellationToken,
+) {
+    loop {
+        let want = view.borrow_and_update().admission_share().unwrap_or(local);
+        if admission.current() != want {
+            tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
+            admission.set(want.0, want.1);
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },

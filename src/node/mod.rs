@@ -174,7 +174,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let d = &cfg.device;
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
-        admission: Admission::new(d.admit_rate, d.admit_burst),
+        admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst)),
         verifier: Verifier::new(&device_secret),
         mode,
         registry: Registry::new(Limits {
@@ -245,6 +245,9 @@ impl Node {
             duties::suspect_loop(cluster.clone(), self.http.clone(), t.clone(), self.metrics.clone(), stop.clone());
         spawn("suspect", Box::pin(suspect));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
+        let local = (cfg.device.admit_rate, cfg.device.admit_burst);
+        let admission = duties::follow_admission(gate.admission.clone(), local, cluster.watch(), stop.clone());
+        spawn("admission", Box::pin(admission));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);
         spawn("fence", Box::pin(lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone())));

@@ -26,6 +26,7 @@ const RING_VERSION: &str = "ring_version";
 const CLUSTER_ID: &str = "cluster_id";
 const CLOCK_MS: &str = "clock_ms";
 const EXTENDED_TERM: &str = "extended_term";
+const ADMISSION: &str = "admission";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
 const APPLIED: &str = "applied";
 const CURRENT_SNAPSHOT: &str = "current";
@@ -105,6 +106,7 @@ impl StateDb {
             ring_version: get(RING_VERSION)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             clock_ms: get(CLOCK_MS)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             extended_term: get(EXTENDED_TERM)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
+            admission: get(ADMISSION)?.map(|b| decode(&b)).transpose()?.flatten(),
             // The adapter restores the membership from `applied`.
             members: BTreeMap::new(),
             voters: Default::default(),
@@ -274,7 +276,8 @@ impl<'t> StateTxn<'t> {
     pub fn save(&mut self, before: &State, after: &State, applied: &[u8]) -> Result<(), StoreError> {
         // Every field named, so that a new one cannot be forgotten here (or in `load`). The
         // membership is persisted by the adapter, in `applied`.
-        let State { cluster_id, ring_version, clock_ms, extended_term, members: _, voters: _, nodes } = after;
+        let State { cluster_id, ring_version, clock_ms, extended_term, admission, members: _, voters: _, nodes } =
+            after;
         for (id, lease) in nodes {
             if before.nodes.get(id) != Some(lease) {
                 self.nodes.insert(*id, encode(lease)?.as_slice())?;
@@ -287,6 +290,7 @@ impl<'t> StateTxn<'t> {
         self.meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
         self.meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
         self.meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
+        self.meta.insert(ADMISSION, encode(admission)?.as_slice())?;
         self.meta.insert(APPLIED, applied)?;
         Ok(())
     }

@@ -90,6 +90,16 @@ impl Admin {
         self.parse(addr, res).await
     }
 
+    /// Sets the cluster-wide admission budget (`Some((rate, burst))`) or clears it (`None`).
+    pub async fn set_admission(&self, addr: &str, budget: Option<(f64, u32)>) -> Result<serde_json::Value, AdminError> {
+        let body = match budget {
+            Some((rate, burst)) => serde_json::json!({ "rate": rate, "burst": burst }),
+            None => serde_json::json!({ "clear": true }),
+        };
+        let res = self.http.post_json(addr, "/cluster/admission", &body, CALL_TIMEOUT).await;
+        self.parse(addr, res).await
+    }
+
     /// Asks the node at `addr` to drain.
     pub async fn drain(&self, addr: &str) -> Result<serde_json::Value, AdminError> {
         let res = self.http.post_json(addr, "/cluster/drain", &serde_json::json!({}), CALL_TIMEOUT).await;

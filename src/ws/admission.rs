@@ -28,6 +28,14 @@ impl TokenBucket {
         self.last = self.last.max(now);
     }
 
+    /// New rate and burst from `now` on; the tokens left carry over, capped at the new burst.
+    pub fn reconfigure(&mut self, rate_per_s: f64, burst: u32, now: Instant) {
+        self.refill(now);
+        self.rate_per_s = rate_per_s;
+        self.burst = f64::from(burst.max(1));
+        self.tokens = self.tokens.min(self.burst);
+    }
+
     /// Takes one token, or answers how long until one is available.
     pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         self.refill(now);
@@ -49,6 +57,19 @@ pub struct Admission {
 impl Admission {
     pub fn new(rate_per_s: f64, burst: u32) -> Admission {
         Admission { bucket: Mutex::new(TokenBucket::new(rate_per_s, burst, Instant::now())) }
+    }
+
+    /// Changes the rate and burst (a new share of the cluster budget); the tokens left carry
+    /// over, capped at the new burst.
+    pub fn set(&self, rate_per_s: f64, burst: u32) {
+        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        bucket.reconfigure(rate_per_s, burst, Instant::now());
+    }
+
+    /// The rate and burst in force.
+    pub fn current(&self) -> (f64, u32) {
+        let bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        (bucket.rate_per_s, bucket.burst as u32)
     }
 
     /// `Ok` to go on with the handshake, or `Err(retry_after_secs)` (≥ 1) for a 429.
@@ -85,6 +106,19 @@ mod tests {
             assert!(b.try_take(later).is_ok());
         }
         assert!(b.try_take(later).is_err());
+    }
+
+    #[test]
+    fn a_new_share_applies_from_now_and_caps_the_tokens_left() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10.0, 10, t0);
+        b.reconfigure(2.0, 3, t0);
+        for _ in 0..3 {
+            assert!(b.try_take(t0).is_ok());
+        }
+        // Empty: the next token comes at the new rate (0.5 s), not the old one (0.1 s).
+        assert_eq!(b.try_take(t0), Err(Duration::from_millis(500)));
+        assert!(b.try_take(t0 + Duration::from_millis(500)).is_ok());
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub enum Mode {
 /// Everything the device listener needs.
 pub struct Gate {
     pub cluster: Handle,
-    pub admission: admission::Admission,
+    /// Shared with the duty that keeps it at this node's share of the cluster budget.
+    pub admission: Arc<admission::Admission>,
     pub verifier: Verifier,
     pub mode: watch::Receiver<Mode>,
     pub registry: registry::Registry,
