@@ -236,6 +236,20 @@ pub struct ServeArgs {
     /// Handshakes admitted at once after a quiet period [default: 400].
     #[arg(long, env = "GATEWAY_ADMIT_BURST")]
     pub admit_burst: Option<u32>,
+    /// Handshakes per second from one source address (IPv6 by /64), before the token is read;
+    /// 0 = off [default: 0: devices behind a NAT or proxy share an address].
+    #[arg(long, env = "GATEWAY_SOURCE_RATE")]
+    pub source_rate: Option<f64>,
+    /// Handshakes at once from one source address [default: 100].
+    #[arg(long, env = "GATEWAY_SOURCE_BURST")]
+    pub source_burst: Option<u32>,
+    /// Handshakes one device may make per --device-reconnect-window-ms before 429 flapping;
+    /// 0 = off [default: 0].
+    #[arg(long, env = "GATEWAY_DEVICE_RECONNECTS")]
+    pub device_reconnects: Option<u32>,
+    /// The window of --device-reconnects [default: 60000].
+    #[arg(long, env = "GATEWAY_DEVICE_RECONNECT_WINDOW_MS")]
+    pub device_reconnect_window_ms: Option<u64>,
     /// Deadline for a handshake's claim to commit, parked through a leader election
     /// [default: max(3000, 4 × election timeout + 1000)].
     #[arg(long, env = "GATEWAY_HANDSHAKE_TIMEOUT_MS")]
@@ -306,6 +320,10 @@ impl ServeArgs {
             idle_ms: self.idle_ms,
             admit_rate: self.admit_rate,
             admit_burst: self.admit_burst,
+            source_rate: self.source_rate,
+            source_burst: self.source_burst,
+            device_reconnects: self.device_reconnects,
+            device_reconnect_window_ms: self.device_reconnect_window_ms,
             handshake_timeout_ms: self.handshake_timeout_ms,
             header_read_timeout_ms: self.header_read_timeout_ms,
             max_message_bytes: self.max_message_bytes,

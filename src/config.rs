@@ -54,6 +54,10 @@ pub struct FileConfig {
     pub idle_ms: Option<u64>,
     pub admit_rate: Option<f64>,
     pub admit_burst: Option<u32>,
+    pub source_rate: Option<f64>,
+    pub source_burst: Option<u32>,
+    pub device_reconnects: Option<u32>,
+    pub device_reconnect_window_ms: Option<u64>,
     pub handshake_timeout_ms: Option<u64>,
     pub header_read_timeout_ms: Option<u64>,
     pub max_message_bytes: Option<usize>,
@@ -112,6 +116,15 @@ pub struct DeviceConfig {
     pub admit_rate: f64,
     /// Token bucket size: handshakes admitted at once after a quiet period.
     pub admit_burst: u32,
+    /// Handshakes per second from one source address (an IPv6 source by its /64), before the
+    /// token is read; 0 turns it off (the default: devices behind one NAT, a proxy or the load
+    /// tool share an address).
+    pub source_rate: f64,
+    pub source_burst: u32,
+    /// Handshakes one device may make per `device_reconnect_window_ms` before a 429 `flapping`
+    /// (Retry-After until its next one); 0 turns it off (the default).
+    pub device_reconnects: u32,
+    pub device_reconnect_window_ms: u64,
     /// Deadline for a handshake's claim to commit (503 after it).
     pub handshake_timeout_ms: u64,
     /// Deadline for a client to send its request headers (slowloris guard).
@@ -152,6 +165,10 @@ impl Default for DeviceConfig {
             idle_ms: 60_000,
             admit_rate: 200.0,
             admit_burst: 400,
+            source_rate: 0.0,
+            source_burst: 100,
+            device_reconnects: 0,
+            device_reconnect_window_ms: 60_000,
             handshake_timeout_ms: 3_000,
             header_read_timeout_ms: 5_000,
             max_message_bytes: 64 * 1024,
@@ -234,6 +251,13 @@ impl Config {
             idle_ms: flags.idle_ms.or(file.idle_ms).unwrap_or(dd.idle_ms),
             admit_rate: flags.admit_rate.or(file.admit_rate).unwrap_or(dd.admit_rate),
             admit_burst: flags.admit_burst.or(file.admit_burst).unwrap_or(dd.admit_burst),
+            source_rate: flags.source_rate.or(file.source_rate).unwrap_or(dd.source_rate),
+            source_burst: flags.source_burst.or(file.source_burst).unwrap_or(dd.source_burst),
+            device_reconnects: flags.device_reconnects.or(file.device_reconnects).unwrap_or(dd.device_reconnects),
+            device_reconnect_window_ms: flags
+                .device_reconnect_window_ms
+                .or(file.device_reconnect_window_ms)
+                .unwrap_or(dd.device_reconnect_window_ms),
             // A claim parks through a leader election (the proposer waits for the next leader):
             // by default long enough for an openraft 0.9 election (up to ~4 election timeouts).
             handshake_timeout_ms: flags.handshake_timeout_ms.or(file.handshake_timeout_ms).unwrap_or(
@@ -310,6 +334,7 @@ impl Config {
             ("drain_timeout_ms", d.drain_timeout_ms),
             ("retain_ms", d.retain_ms),
             ("idempotency_ms", d.idempotency_ms),
+            ("device_reconnect_window_ms", d.device_reconnect_window_ms),
         ];
         // Time arithmetic (deadlines, lease ends, the rules below) then never overflows.
         if let Some((key, v)) = durations.iter().find(|(_, v)| *v > MAX_DURATION_MS) {
@@ -348,6 +373,15 @@ impl Config {
                 "admit_rate ({}) must be in 0.01..=1e9 and admit_burst ({}) positive",
                 d.admit_rate, d.admit_burst
             ));
+        }
+        if d.source_rate != 0.0 && !((0.01..=1e9).contains(&d.source_rate) && d.source_burst > 0) {
+            return bad(format!(
+                "source_rate ({}) must be 0 (off) or in 0.01..=1e9, with source_burst ({}) positive",
+                d.source_rate, d.source_burst
+            ));
+        }
+        if d.device_reconnects > 0 && d.device_reconnect_window_ms < 1000 {
+            return bad(format!("device_reconnect_window_ms ({}) must be at least 1000", d.device_reconnect_window_ms));
         }
         if !(0.01..=1e9).contains(&d.drain_rate) {
             return bad(format!("drain_rate ({}) must be in 0.01..=1e9", d.drain_rate));

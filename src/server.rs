@@ -17,6 +17,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+/// The address a request came from (in the request's extensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// Serves `listener` with `handler` until `shutdown` fires; `name` labels accept errors. Every
 /// connection task is tracked on `conns` (upgraded WebSocket sessions track themselves).
 pub async fn serve<H, Fut>(
@@ -48,7 +52,8 @@ pub async fn serve<H, Fut>(
         let (handler, stop) = (handler.clone(), shutdown.clone());
         let span = tracing::trace_span!("conn", listener = name, %peer);
         let serving = async move {
-            let svc = service_fn(move |req| {
+            let svc = service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(Peer(peer));
                 let fut = handler(req);
                 async move { Ok::<_, Infallible>(fut.await) }
             });

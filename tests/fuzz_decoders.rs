@@ -930,6 +930,10 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         idle_ms: int("idle_ms", dd.idle_ms),
         admit_rate: rate("admit_rate", dd.admit_rate),
         admit_burst: int("admit_burst", dd.admit_burst.into()) as u32,
+        source_rate: dd.source_rate,
+        source_burst: dd.source_burst,
+        device_reconnects: dd.device_reconnects,
+        device_reconnect_window_ms: dd.device_reconnect_window_ms,
         handshake_timeout_ms: int(
             "handshake_timeout_ms",
             dd.handshake_timeout_ms.max(t.election_timeout_ms.saturating_mul(4).saturating_add(1000)),

@@ -33,7 +33,7 @@ use crate::secrets;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
 use crate::token::Verifier;
-use crate::ws::admission::Admission;
+use crate::ws::admission::{Admission, Keyed};
 use crate::ws::registry::{Limits, Registry};
 use crate::ws::session::SessionConfig;
 use crate::ws::{self, Gate, Mode};
@@ -175,6 +175,11 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
         admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst)),
+        sources: (d.source_rate > 0.0).then(|| Keyed::new(d.source_rate, d.source_burst, KEYED_WIDTH)),
+        devices: (d.device_reconnects > 0).then(|| {
+            let per_s = f64::from(d.device_reconnects) * 1000.0 / d.device_reconnect_window_ms as f64;
+            Keyed::new(per_s, d.device_reconnects, KEYED_WIDTH)
+        }),
         verifier: Verifier::new(&device_secret),
         mode,
         registry: Registry::new(Limits {
@@ -297,6 +302,9 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
+
+/// Buckets per row of the per-source and per-device limiters: 2 × 4096 buckets, ~256 KiB each.
+const KEYED_WIDTH: usize = 4096;
 
 /// The process's soft limit of open files (`/proc/self/limits`), or 1024 when it cannot be read.
 fn open_file_limit() -> u64 {

@@ -43,8 +43,13 @@ impl TokenBucket {
             self.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate_per_s))
+            Err(self.wait())
         }
+    }
+
+    /// How long until the next token (after a refill).
+    fn wait(&self) -> Duration {
+        Duration::from_secs_f64(((1.0 - self.tokens) / self.rate_per_s).max(0.0))
     }
 }
 
@@ -79,6 +84,51 @@ impl Admission {
     }
 }
 
+/// Token buckets per key (a source address, a device) in fixed memory: two rows of `width`
+/// buckets, a key hashed to one bucket in each (count-min style). A key is admitted when both of
+/// its buckets have a token, and takes one from each; keys that share a bucket only make each
+/// other stricter, and one flooding key empties only its own two buckets, so the others (which
+/// share both with it rarely: about (flooders / width)^2) are not starved. Memory: 2 × `width`
+/// buckets however many keys there are.
+#[derive(Debug)]
+pub struct Keyed {
+    rows: Mutex<Vec<TokenBucket>>,
+    width: usize,
+}
+
+impl Keyed {
+    /// Every key at most `burst + rate_per_s × T` in any window T.
+    pub fn new(rate_per_s: f64, burst: u32, width: usize) -> Keyed {
+        let now = Instant::now();
+        let width = width.max(1);
+        Keyed { rows: Mutex::new(vec![TokenBucket::new(rate_per_s, burst, now); 2 * width]), width }
+    }
+
+    /// `Ok`, or `Err(retry_after_secs)` when `key`'s buckets are empty.
+    pub fn admit(&self, key: &[u8]) -> Result<(), u64> {
+        self.admit_at(key, Instant::now()).map_err(retry_after_secs)
+    }
+
+    fn admit_at(&self, key: &[u8], now: Instant) -> Result<(), Duration> {
+        let slots = [0u64, 1].map(|row| {
+            let h = xxhash_rust::xxh3::xxh3_64_with_seed(key, row + 1);
+            row as usize * self.width + (h % self.width as u64) as usize
+        });
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        for &s in &slots {
+            rows[s].refill(now);
+        }
+        let wait = slots.iter().map(|&s| &rows[s]).filter(|b| b.tokens < 1.0).map(TokenBucket::wait).max();
+        if let Some(wait) = wait {
+            return Err(wait);
+        }
+        for &s in &slots {
+            rows[s].tokens -= 1.0;
+        }
+        Ok(())
+    }
+}
+
 /// `Retry-After` in whole seconds: rounded up, never 0 (a client must not retry at once).
 pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)
@@ -106,6 +156,25 @@ mod tests {
             assert!(b.try_take(later).is_ok());
         }
         assert!(b.try_take(later).is_err());
+    }
+
+    #[test]
+    fn keyed_buckets_limit_each_key_and_a_flooder_starves_no_other_key() {
+        let t0 = Instant::now();
+        let others = |k: &Keyed| (0..1000u32).filter(|i| k.admit_at(&i.to_be_bytes(), t0).is_ok()).count();
+        let calm = others(&Keyed::new(1.0, 3, 4096));
+        let k = Keyed::new(1.0, 3, 4096);
+        for _ in 0..3 {
+            assert!(k.admit_at(b"10.0.0.1", t0).is_ok());
+        }
+        assert_eq!(k.admit_at(b"10.0.0.1", t0), Err(Duration::from_secs(1)));
+        // With 10.0.0.1 empty, 1,000 other sources fare as they do without it, but for the few
+        // that share one of its two buckets.
+        let flooded = others(&k);
+        assert!(calm >= 990, "{calm} of 1000 sources admitted in a calm table");
+        assert!(flooded + 3 >= calm, "{flooded} admitted beside the flooder, {calm} without it");
+        // (The buckets were created just after t0.)
+        assert!(k.admit_at(b"10.0.0.1", t0 + Duration::from_secs(2)).is_ok(), "refilled at the rate");
     }
 
     #[test]

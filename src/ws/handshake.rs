@@ -21,6 +21,7 @@ use crate::answer::{self, Refusal, Resp};
 use crate::machine::{Claim, NodeId};
 use crate::metrics::ResultLabel;
 use crate::protocol::{close, ServerFrame, MAX_ATTEMPT};
+use crate::server::Peer;
 
 pub(crate) fn query(req: &Request<Incoming>) -> HashMap<String, String> {
     req.uri()
@@ -45,6 +46,12 @@ pub(crate) fn bearer(req: &Request<Incoming>, q: &HashMap<String, String>) -> St
 
 /// Steps 1-3 shared with `/v1/placement`: admission, node state, authentication.
 fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<(String, u64), Refusal> {
+    // Per source first: a flooding source must not spend the node's admission.
+    if let (Some(sources), Some(Peer(peer))) = (&g.sources, req.extensions().get::<Peer>()) {
+        if let Err(secs) = sources.admit(&source_key(peer.ip())) {
+            return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "source_rate_limited").retry_after(secs));
+        }
+    }
     if let Err(secs) = g.admission.admit() {
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited").retry_after(secs));
     }
@@ -63,6 +70,17 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
         .verify(&bearer(req, q))
         .map(|c| (c.sub, c.epoch))
         .map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.reason()).message(e))
+}
+
+/// What a source is limited by: an IPv4 address, or an IPv6 address's /64 (one host's range).
+fn source_key(ip: std::net::IpAddr) -> Vec<u8> {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.octets().to_vec(),
+            None => v6.octets()[..8].to_vec(),
+        },
+    }
 }
 
 /// Where placement sends `device`, given the optional unreachable `fallback` node.
@@ -94,6 +112,10 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         Ok(v) => v,
         Err(r) => return g.refuse(r),
     };
+    if let Some(Err(secs)) = g.devices.as_ref().map(|d| d.admit(device.as_bytes())) {
+        let msg = "this device reconnects too often (--device-reconnects): wait for Retry-After";
+        return g.refuse(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "flapping").message(msg).retry_after(secs));
+    }
     let Some(attempt) = q.get("attempt").and_then(|a| a.parse::<u64>().ok()).filter(|a| *a <= MAX_ATTEMPT) else {
         let msg = "?attempt=N (a counter the device persists, at most 2^53) is required";
         return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "bad_attempt").message(msg));

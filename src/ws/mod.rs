@@ -41,6 +41,10 @@ pub struct Gate {
     pub cluster: Handle,
     /// Shared with the duty that keeps it at this node's share of the cluster budget.
     pub admission: Arc<admission::Admission>,
+    /// Per source address (`--source-rate`), checked first; None when off.
+    pub sources: Option<admission::Keyed>,
+    /// Per device (`--device-reconnects`), checked on handshakes once the token is verified.
+    pub devices: Option<admission::Keyed>,
     pub verifier: Verifier,
     pub mode: watch::Receiver<Mode>,
     pub registry: registry::Registry,
