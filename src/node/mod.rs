@@ -303,7 +303,7 @@ async fn shutdown_signal() {
     }
 }
 
-/// Buckets per row of the per-source and per-device limiters: 2 × 4096 buckets, ~256 KiB each.
+/// Buckets per row of the per-source and per-device limiters: 2 × 4096 buckets of 40 bytes, ~320 KiB each.
 const KEYED_WIDTH: usize = 4096;
 
 /// The process's soft limit of open files (`/proc/self/limits`), or 1024 when it cannot be read.
