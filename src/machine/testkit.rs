@@ -199,6 +199,21 @@ pub fn suspect(node: NodeId, at_ms: u64, hold_ms: u64) -> Command {
     Suspect { node, at_ms, hold_ms }.into()
 }
 
+/// A publish that keeps every message and every key.
+fn publish_all(device: &str, payload: &str, key: Option<&str>, at_ms: u64) -> Publish {
+    let max = u64::MAX;
+    Publish {
+        device: device.into(),
+        payload: payload.into(),
+        key: key.map(Into::into),
+        at_ms,
+        keep_count: max,
+        keep_age_ms: max,
+        keep_key_ms: max,
+        max_keys: max,
+    }
+}
+
 pub fn publish(
     device: &str,
     payload: &str,
@@ -207,35 +222,12 @@ pub fn publish(
     keep_count: u64,
     keep_age_ms: u64,
 ) -> Command {
-    let key = key.map(Into::into);
-    let (keep_key_ms, max_keys) = (u64::MAX, u64::MAX);
-    Publish {
-        device: device.into(),
-        payload: payload.into(),
-        key,
-        at_ms,
-        keep_count,
-        keep_age_ms,
-        keep_key_ms,
-        max_keys,
-    }
-    .into()
+    Publish { keep_count, keep_age_ms, ..publish_all(device, payload, key, at_ms) }.into()
 }
 
 /// A publish that keeps every message, and keys for `keep_key_ms`, at most `max_keys`.
 pub fn publish_keyed(device: &str, payload: &str, key: &str, at_ms: u64, keep_key_ms: u64, max_keys: u64) -> Command {
-    let (keep_count, keep_age_ms, key) = (u64::MAX, u64::MAX, Some(key.to_string()));
-    Publish {
-        device: device.into(),
-        payload: payload.into(),
-        key,
-        at_ms,
-        keep_count,
-        keep_age_ms,
-        keep_key_ms,
-        max_keys,
-    }
-    .into()
+    Publish { keep_key_ms, max_keys, ..publish_all(device, payload, Some(key), at_ms) }.into()
 }
 
 pub fn ack(device: &str, seq: u64) -> Command {
