@@ -5,35 +5,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use common::raw;
 use common::ws::Dial;
 use common::{Cluster, Start};
 
 /// A handshake from `source` (a loopback address of this machine): the status and Retry-After.
 fn handshake_from(source: &str, addr: SocketAddr, token: &str, attempt: u64) -> (u16, Option<u64>, String) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let stream = rt.block_on(async {
-        let s = tokio::net::TcpSocket::new_v4().unwrap();
-        s.bind(format!("{source}:0").parse().unwrap()).unwrap();
-        s.connect(addr).await.unwrap().into_std().unwrap()
-    });
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let req = format!(
-        "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
-    );
-    (&stream).write_all(req.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && (&stream).read(&mut b).unwrap_or(0) == 1 {
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_string();
-    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let stream = raw::connect(addr, Some(source), None);
+    let (status, head) = raw::upgrade(&stream, addr, token, attempt);
     let retry = head
         .lines()
         .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after:").map(|v| v.trim().to_string()))

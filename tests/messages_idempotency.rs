@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use client_util::{config, received, start};
+use client_util::{config, holds, received, start};
 use common::{wait_until, Cluster, TIMING};
 use gateway::client::device::{Event, MemoryStore};
 use serde_json::json;
@@ -34,28 +34,14 @@ fn a_retry_after_the_message_was_trimmed_is_still_a_duplicate_within_the_window(
         (200, Some(1), Some(true)),
         "{retry:?}"
     );
-    wait_until(TIMING.settle_bound(), "both messages delivered", || {
-        let got = received(&mut dev);
-        if got.len() >= 2 {
-            Ok(got)
-        } else {
-            Err(got)
-        }
-    });
+    wait_until(TIMING.settle_bound(), "both messages delivered", || holds(&mut dev, 2));
 
     // Past the window the key is forgotten: the same key makes a new message. (The wait is the
     // scenario: time has to pass.)
     std::thread::sleep(Duration::from_millis(WINDOW_MS + 200));
     let late = c.publish(0, d, &json!({"order": 17}), Some("order-17"));
     assert_eq!((late.1["seq"].as_u64(), late.1["duplicate"].as_bool()), (Some(3), Some(false)), "{late:?}");
-    wait_until(TIMING.settle_bound(), "the new message delivered", || {
-        let got = received(&mut dev);
-        if got.len() >= 3 {
-            Ok(got)
-        } else {
-            Err(got)
-        }
-    });
+    wait_until(TIMING.settle_bound(), "the new message delivered", || holds(&mut dev, 3));
     let seqs: Vec<u64> = received(&mut dev).iter().map(|(s, _)| *s).collect();
     assert_eq!(seqs, [1, 2, 3], "each message delivered once");
 }

@@ -7,7 +7,6 @@ mod client_util;
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use client_util::{config, pinned, received, start, Running};
 use common::api::publish_at;
+use common::raw;
 use common::ws::Dial;
 use common::{wait_until, Cluster, SLACK, TIMING};
 use gateway::client::device::{Event, MemoryStore};
@@ -228,27 +228,9 @@ fn wait_connections(c: &Cluster, n: f64, bound: Duration, what: &str) {
 /// A WebSocket upgrade done by hand on a socket with a tiny receive buffer, then never read again:
 /// a device that stopped reading.
 fn stalled_device(addr: SocketAddr, token: &str) -> TcpStream {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let stream = rt.block_on(async {
-        let s = tokio::net::TcpSocket::new_v4().unwrap();
-        s.set_recv_buffer_size(4096).unwrap();
-        s.connect(addr).await.unwrap().into_std().unwrap()
-    });
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let req = format!(
-        "GET /ws?steer=off&attempt=1 HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
-    );
-    (&stream).write_all(req.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!((&stream).read(&mut b).unwrap(), 1, "EOF in the 101 head: {}", String::from_utf8_lossy(&head));
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    assert!(head.starts_with("HTTP/1.1 101"), "expected 101, got {head}");
+    let stream = raw::connect(addr, None, Some(4096));
+    let (status, head) = raw::upgrade(&stream, addr, token, 1);
+    assert_eq!(status, 101, "{head}");
     stream
 }
 

@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use client_util::{config, pinned, received, start};
+use client_util::{config, holds, pinned, received, start};
 use common::{http, wait_until, Cluster, TIMING};
 use gateway::client::device::{Event, MemoryStore};
 use serde_json::json;
@@ -105,14 +105,7 @@ fn idempotent_retry_delivers_once_and_bad_publishes_are_refused() {
     );
     let second = c.publish(0, d, &json!({"hello": 2}), Some("k-2"));
     assert_eq!(second.1["seq"].as_u64(), Some(first.1["seq"].as_u64().unwrap() + 1), "{second:?}");
-    wait_until(TIMING.settle_bound(), "both messages delivered", || {
-        let got = received(&mut dev);
-        if got.len() >= 2 {
-            Ok(got)
-        } else {
-            Err(got)
-        }
-    });
+    wait_until(TIMING.settle_bound(), "both messages delivered", || holds(&mut dev, 2));
     let got = received(&mut dev);
     assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2], "delivered once each: {got:?}");
 

@@ -105,8 +105,11 @@ pub fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// The messages a device received, in arrival order: (seq, payload).
-pub fn received(r: &mut Running) -> Vec<(u64, serde_json::Value)> {
+/// Messages as a device received them: (seq, payload).
+pub type Messages = Vec<(u64, serde_json::Value)>;
+
+/// The messages a device received, in arrival order.
+pub fn received(r: &mut Running) -> Messages {
     r.poll();
     r.log
         .iter()
@@ -115,6 +118,17 @@ pub fn received(r: &mut Running) -> Vec<(u64, serde_json::Value)> {
             _ => None,
         })
         .collect()
+}
+
+/// For `wait_until`: `Ok` with the device's messages once it holds at least `n`, else `Err` with
+/// what it holds.
+pub fn holds(r: &mut Running, n: usize) -> Result<Messages, Messages> {
+    let got = received(r);
+    if got.len() >= n {
+        Ok(got)
+    } else {
+        Err(got)
+    }
 }
 
 /// Starts `n` devices `{prefix}-{k}` pinned to node `at` (`?steer=off`) with the nodes `others`

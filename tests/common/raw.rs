@@ -11,23 +11,11 @@ pub struct Raw {
 }
 
 impl Raw {
-    /// Upgrades `/ws?attempt=N&steer=off` with `token`; panics unless the answer is 101. Reads the
-    /// 101 head byte by byte, never past it.
+    /// Upgrades `/ws?attempt=N&steer=off` with `token`; panics unless the answer is 101.
     pub fn open(addr: SocketAddr, token: &str, attempt: u64) -> Raw {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let req = format!(
-            "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
-        );
-        stream.write_all(req.as_bytes()).unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(stream.read(&mut byte).unwrap(), 1, "closed during the upgrade: {head:?}");
-            head.push(byte[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+        let stream = connect(addr, None, None);
+        let (status, head) = upgrade(&stream, addr, token, attempt);
+        assert_eq!(status, 101, "{head}");
         stream.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
         Raw { stream }
     }
@@ -83,6 +71,44 @@ impl Raw {
             }
         }
     }
+}
+
+/// A blocking connection to `addr`, from the local address `source` when given (another loopback
+/// address, e.g. 127.0.0.2) and with a receive buffer of `recv_buffer` bytes when given.
+pub fn connect(addr: SocketAddr, source: Option<&str>, recv_buffer: Option<u32>) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let stream = rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        if let Some(size) = recv_buffer {
+            s.set_recv_buffer_size(size).unwrap();
+        }
+        if let Some(source) = source {
+            s.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        }
+        s.connect(addr).await.unwrap().into_std().unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+}
+
+/// Sends `GET /ws?attempt=N&steer=off` with the upgrade headers and `token`, and reads the answer's
+/// head byte by byte, never past it (what follows a 101 is left unread): its status and the head.
+pub fn upgrade(stream: &TcpStream, addr: SocketAddr, token: &str, attempt: u64) -> (u16, String) {
+    let req = format!(
+        "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    let mut stream = stream;
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head)
 }
 
 /// The resident memory of process `pid`, in bytes.
