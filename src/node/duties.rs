@@ -89,9 +89,15 @@ impl Renewer {
     }
 }
 
+/// Tests only (fault injection): when set, a new leader proposes one sweep of every unexpired
+/// member *before* its term's `ExtendLeases`: the race (a sweep landing in a term ahead of that
+/// term's extension) that the machine's term rule must make harmless. It logs what that sweep did.
+pub const TEST_SWEEP_BEFORE_EXTEND_ENV: &str = "GATEWAY_TEST_SWEEP_BEFORE_EXTEND";
+
 /// The leader's duties; idle on followers.
 pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>, cancel: CancellationToken) {
     let me = cluster.me();
+    let sweep_before_extend = std::env::var_os(TEST_SWEEP_BEFORE_EXTEND_ENV).is_some();
     let mut tick = tokio::time::interval(Duration::from_millis(timing.sweep_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut extended_term = None;
@@ -119,6 +125,12 @@ pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>,
             continue;
         }
         if extended_term != Some(term) {
+            if sweep_before_extend {
+                let view = cluster.view();
+                let everyone = view.state.nodes.iter().filter(|(_, l)| l.state != LeaseState::Expired);
+                let result = cluster.sweep(everyone.map(|(id, _)| *id).collect()).await;
+                tracing::warn!(term, ?result, "test fault: swept before this term's ExtendLeases");
+            }
             // Push every live lease past the election gap before this term's first sweep.
             match cluster.extend_leases(timing.lease_ms).await {
                 Ok(()) => {

@@ -227,7 +227,13 @@ impl Cluster {
     /// Bootstraps n1 and joins n2..=n`count` (started with `--standby`) through n1; waits until all
     /// agree on `count` live members with min(count, 3) voters.
     pub fn form(count: usize, extra: &[&str]) -> (Cluster, View) {
-        let mut c = Cluster::with_args(extra);
+        Cluster::with_args(extra).form_nodes(count)
+    }
+
+    /// Forms `count` nodes of this (empty) cluster, with its extra args and environment.
+    pub fn form_nodes(mut self, count: usize) -> (Cluster, View) {
+        assert!(self.nodes.is_empty(), "form_nodes starts from an empty cluster");
+        let c = &mut self;
         let started = Instant::now();
         c.spawn("n1", Start::Bootstrap);
         for k in 2..=count {
@@ -244,7 +250,7 @@ impl Cluster {
                 && !v.cluster_id.is_empty()
         });
         println!("[harness] formed {count}-node cluster in {:?}", started.elapsed());
-        (c, view)
+        (self, view)
     }
 }
 
