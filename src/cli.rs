@@ -176,10 +176,14 @@ pub struct ServeArgs {
     /// Public listener for devices [default: 127.0.0.1:8080].
     #[arg(long, env = "GATEWAY_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Cluster listener: Raft RPC, admin API, /metrics [default: 127.0.0.1:7070]. It is also the
-    /// address other members use to reach this node.
+    /// Cluster listener: Raft RPC, admin API, /metrics [default: 127.0.0.1:7070].
     #[arg(long, env = "GATEWAY_CLUSTER_LISTEN")]
     pub cluster_listen: Option<SocketAddr>,
+    /// The host:port other members and the CLI dial to reach this node's cluster listener (a DNS
+    /// name is resolved at each connection) [default: --cluster-listen; required when that is a
+    /// wildcard such as 0.0.0.0].
+    #[arg(long, env = "GATEWAY_CLUSTER_ADVERTISE")]
+    pub cluster_advertise: Option<String>,
     /// Data dir (Raft log, state, identity, generated secrets) [default: ./gateway-data].
     #[arg(long, env = "GATEWAY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -302,6 +306,7 @@ impl ServeArgs {
             name: self.name.clone(),
             listen: self.listen,
             cluster_listen: self.cluster_listen,
+            cluster_advertise: self.cluster_advertise.clone(),
             data_dir: self.data_dir.clone(),
             public_url: self.public_url.clone(),
             join: self.join.clone(),

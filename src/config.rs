@@ -36,6 +36,7 @@ pub struct FileConfig {
     pub name: Option<String>,
     pub listen: Option<SocketAddr>,
     pub cluster_listen: Option<SocketAddr>,
+    pub cluster_advertise: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub public_url: Option<String>,
     pub join: Option<String>,
@@ -203,6 +204,8 @@ pub struct Config {
     pub name: Option<String>,
     pub listen: SocketAddr,
     pub cluster_listen: SocketAddr,
+    /// The `host:port` other members and the CLI dial (default: `cluster_listen`).
+    pub cluster_advertise: Option<String>,
     pub data_dir: PathBuf,
     pub public_url: Option<String>,
     pub start: Start,
@@ -297,6 +300,7 @@ impl Config {
                 .cluster_listen
                 .or(file.cluster_listen)
                 .unwrap_or_else(|| "127.0.0.1:7070".parse().expect("literal")),
+            cluster_advertise: flags.cluster_advertise.or(file.cluster_advertise),
             data_dir: flags.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("gateway-data")),
             public_url: flags.public_url.or(file.public_url),
             start,
@@ -320,6 +324,29 @@ impl Config {
             {
                 return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
             }
+        }
+        match &self.cluster_advertise {
+            Some(addr) if !is_host_port(addr) => {
+                return bad(format!(
+                    "cluster_advertise: expected host:port (a DNS name, an IPv4 address or a [IPv6] address, port \
+                     1-65535), got {} characters that are not",
+                    addr.len()
+                ))
+            }
+            None if self.cluster_listen.ip().is_unspecified() => {
+                return bad(format!(
+                    "cluster_listen {} is a wildcard address other members cannot dial: set cluster_advertise \
+                     (--cluster-advertise host:port)",
+                    self.cluster_listen
+                ))
+            }
+            _ => {}
+        }
+        if self.public_url.is_none() && self.listen.ip().is_unspecified() {
+            return bad(format!(
+                "listen {} is a wildcard address devices cannot be sent to: set public_url (--public-url ws://host:port)",
+                self.listen
+            ));
         }
         let durations = [
             ("lease_ms", t.lease_ms),
@@ -416,13 +443,33 @@ impl Config {
 
     /// The cluster address other members and the CLI use to reach this node.
     pub fn cluster_addr(&self) -> String {
-        self.cluster_listen.to_string()
+        self.cluster_advertise.clone().unwrap_or_else(|| self.cluster_listen.to_string())
     }
 
     /// The URL devices use, defaulting to the public listener.
     pub fn public_url(&self) -> String {
         self.public_url.clone().unwrap_or_else(|| format!("ws://{}", self.listen))
     }
+}
+
+/// `host:port` a peer can dial: a DNS name (letters, digits, `-`, `.`), an IPv4 address or a
+/// bracketed IPv6 address, and a port in 1..=65535.
+pub fn is_host_port(s: &str) -> bool {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return addr.port() != 0 && !addr.ip().is_unspecified();
+    }
+    let Some((host, port)) = s.rsplit_once(':') else { return false };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        });
+    port_ok && host_ok
 }
 
 #[cfg(test)]
@@ -481,6 +528,14 @@ mod tests {
             "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
             "send_queue_bytes = 1000",
             "max_payload_bytes = 1",
+            "cluster_listen = \"0.0.0.0:7070\"",
+            "listen = \"0.0.0.0:8080\"",
+            "cluster_advertise = \"0.0.0.0:7070\"",
+            "cluster_advertise = \"gw-1\"",
+            "cluster_advertise = \"gw_1:7070\"",
+            "cluster_advertise = \"gw-1:0\"",
+            "cluster_advertise = \"http://gw-1:7070\"",
+            "cluster_advertise = \"-gw:7070\"",
         ] {
             let file: FileConfig = toml::from_str(bad).unwrap();
             assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
@@ -490,5 +545,18 @@ mod tests {
         assert_eq!(cfg.device.send_queue_bytes, 2 * MAX_PAYLOAD_LIMIT, "the queue follows the payload limit");
         let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
         assert!(Config::merge(both, FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn a_wildcard_listener_needs_an_advertised_address() {
+        let container = "listen = \"0.0.0.0:8080\"\npublic_url = \"ws://gw-1.example.net:8080\"\n\
+                         cluster_listen = \"0.0.0.0:7070\"\ncluster_advertise = \"gateway-0.gateway.ns.svc:7070\"";
+        let cfg = Config::merge(FileConfig::default(), toml::from_str(container).unwrap()).unwrap();
+        assert_eq!(cfg.cluster_addr(), "gateway-0.gateway.ns.svc:7070");
+        let default = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+        assert_eq!(default.cluster_addr(), "127.0.0.1:7070", "without it, the listen address");
+        for ok in ["10.0.0.7:7070", "[fd00::7]:7070", "localhost:1", "n1:65535"] {
+            assert!(is_host_port(ok), "{ok}");
+        }
     }
 }

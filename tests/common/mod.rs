@@ -191,6 +191,12 @@ impl Cluster {
 
     /// Declares a node (ports and dirs chosen now, reused on every restart) and starts it.
     pub fn spawn(&mut self, name: &str, start: Start) -> usize {
+        self.spawn_with(name, start, &[])
+    }
+
+    /// `spawn` with extra `serve` args for this node; `{cluster_port}` in them is replaced by the
+    /// node's cluster port.
+    pub fn spawn_with(&mut self, name: &str, start: Start, args: &[&str]) -> usize {
         let root = self.tmp.path().join(name);
         fs::create_dir_all(&root).unwrap();
         self.nodes.push(Node {
@@ -206,6 +212,8 @@ impl Cluster {
             spawns: 0,
         });
         let i = self.nodes.len() - 1;
+        let port = self.nodes[i].cluster_port.to_string();
+        self.nodes[i].extra_args = args.iter().map(|a| a.replace("{cluster_port}", &port)).collect();
         self.start(i);
         i
     }
