@@ -96,16 +96,33 @@ pub fn claim(outcome: Result<ClaimReply, ProposeError>) -> Result<Accepted, Refu
                 .field("floor_attempt", floor_attempt))
         }
         Ok(ClaimReply::NodeNotLive) => Err(Refusal::unavailable("not_live").message("this node holds no live lease")),
+        Ok(ClaimReply::QuotaExhausted { limit }) => Err(Refusal::new(StatusCode::FORBIDDEN, "quota_exhausted")
+            .field("limit", limit)
+            .message("the device's tenant holds its maximum of concurrent connections")),
         Err(e) => Err(write_error(&e)),
     }
 }
 
-/// A publish's outcome: `(seq, duplicate)`, or `404 unknown_device`, or the write's error.
+/// A publish's outcome: `(seq, duplicate)`, or `404 unknown_device`, or `quota_exhausted` — 429
+/// with `Retry-After` until the period ends, 403 when the tenant's allowance is zero (nothing to
+/// wait for) — or the write's error.
 pub fn publish(outcome: Result<PublishReply, ProposeError>) -> Result<(u64, bool), Refusal> {
     match outcome {
         Ok(PublishReply::Published { seq, duplicate }) => Ok((seq, duplicate)),
         Ok(PublishReply::NoSuchDevice) => Err(Refusal::new(StatusCode::NOT_FOUND, "unknown_device")
             .message("this device has never connected: no stream to publish to")),
+        Ok(PublishReply::QuotaExhausted(e)) if e.allowance == 0 => {
+            Err(Refusal::new(StatusCode::FORBIDDEN, "quota_exhausted")
+                .field("allowance", 0)
+                .field("period_end_ms", e.period_end_ms)
+                .message("the device's tenant has no publish allowance"))
+        }
+        Ok(PublishReply::QuotaExhausted(e)) => Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "quota_exhausted")
+            .field("allowance", e.allowance)
+            .field("period_end_ms", e.period_end_ms)
+            .field("retry_after_ms", e.retry_after_ms)
+            .retry_after(e.retry_after_ms.div_ceil(1000).max(1))
+            .message("the device's tenant used its publishes for this period")),
         Err(e) => Err(write_error(&e)),
     }
 }
@@ -113,6 +130,7 @@ pub fn publish(outcome: Result<PublishReply, ProposeError>) -> Result<(u64, bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::Exhausted;
 
     fn body(r: &Refusal) -> Value {
         serde_json::to_value(r.fields.clone())
@@ -156,5 +174,17 @@ mod tests {
         let unknown = publish(Ok(PublishReply::NoSuchDevice)).unwrap_err();
         assert_eq!((unknown.status, unknown.reason), (StatusCode::NOT_FOUND, "unknown_device"));
         assert_eq!(publish(Ok(PublishReply::Published { seq: 4, duplicate: true })), Ok((4, true)));
+    }
+
+    #[test]
+    fn quota_refusals_say_whether_waiting_helps() {
+        let cap = claim(Ok(ClaimReply::QuotaExhausted { limit: 2 })).unwrap_err();
+        assert_eq!((cap.status, cap.reason, cap.retry_after), (StatusCode::FORBIDDEN, "quota_exhausted", None));
+        let e = Exhausted { allowance: 5, period_end_ms: 60_000, retry_after_ms: 2_500 };
+        let later = publish(Ok(PublishReply::QuotaExhausted(e))).unwrap_err();
+        assert_eq!((later.status, later.retry_after), (StatusCode::TOO_MANY_REQUESTS, Some(3)));
+        assert_eq!(later.fields["period_end_ms"], 60_000);
+        let never = publish(Ok(PublishReply::QuotaExhausted(Exhausted { allowance: 0, ..e }))).unwrap_err();
+        assert_eq!((never.status, never.retry_after), (StatusCode::FORBIDDEN, None));
     }
 }

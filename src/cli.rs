@@ -55,6 +55,9 @@ pub enum Command {
     /// The cluster-wide handshake admission budget, shared evenly by the live nodes.
     #[command(subcommand)]
     Admission(AdmissionCommand),
+    /// Tenant quotas: a connection cap and publishes per period, kept as a replicated ledger.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
     /// Drain a node (as SIGTERM does): refuse handshakes, leave the ring, move its devices away, exit.
     Drain {
         /// Cluster address (host:port) of the node to drain.
@@ -77,6 +80,9 @@ pub enum Command {
         /// Lifetime in seconds.
         #[arg(long, default_value_t = 86_400)]
         ttl: u64,
+        /// The device's tenant (1-64 characters of [A-Za-z0-9._-]): its quotas apply.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Device-token secret file (env GATEWAY_DEVICE_SECRET holds the secret itself).
         #[arg(long, env = "GATEWAY_DEVICE_SECRET_FILE")]
         device_secret_file: Option<PathBuf>,
@@ -160,6 +166,57 @@ pub enum AdmissionCommand {
     Show {
         #[arg(long)]
         cluster: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+}
+
+/// `gateway quota ...`
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// Set a tenant's plan (a new revision; what this period used carries on). Omitted limits
+    /// are unlimited.
+    Set {
+        #[arg(long)]
+        cluster: String,
+        #[arg(long)]
+        tenant: String,
+        /// Concurrent connections of the tenant's devices, cluster-wide (403 quota_exhausted beyond).
+        #[arg(long)]
+        max_connections: Option<u64>,
+        /// Publishes to the tenant's devices per period (429 quota_exhausted beyond, until the
+        /// period ends; 403 when 0).
+        #[arg(long, requires = "period_ms")]
+        publishes: Option<u64>,
+        /// The period of --publishes, in ms of cluster time (86400000 = a day).
+        #[arg(long, requires = "publishes")]
+        period_ms: Option<u64>,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+    /// Grant a tenant more publishes for the current period, once per --id (a retry counts once).
+    Grant {
+        #[arg(long)]
+        cluster: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        publishes: u64,
+        /// An id for this grant (1-64 characters of [A-Za-z0-9._-]), e.g. a ticket number.
+        #[arg(long)]
+        id: String,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+    /// Show a tenant's plan, usage this period and its last ledger entries.
+    Show {
+        #[arg(long)]
+        cluster: String,
+        #[arg(long)]
+        tenant: String,
+        /// Print the JSON answer.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         secret: SecretArgs,
     },

@@ -172,6 +172,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}: {:.2}/s, burst {}", report.node.name, a.rate_per_s, a.burst);
             }
         }
+        Command::Quota(cmd) => quota(cmd).await?,
         Command::Drain { node, wait, secret } => {
             let admin = admin(&secret)?;
             admin.drain(&node).await?;
@@ -180,10 +181,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 admin.wait_drained(&node, &mut |line| println!("{line}")).await?;
             }
         }
-        Command::Token { device, epoch, ttl, device_secret_file, data_dir } => {
+        Command::Token { device, epoch, ttl, tenant, device_secret_file, data_dir } => {
             let secret = secrets::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
             let exp = gateway::clock::now_ms() / 1000 + ttl;
-            match gateway::token::mint(&secret, &device, epoch, exp) {
+            let claims = gateway::token::DeviceClaims { sub: device, epoch, exp, nbf: None, tenant };
+            match gateway::token::mint_claims(&secret, &claims) {
                 Ok(token) => println!("{token}"),
                 Err(e) => return Err(Failure::Usage(e.to_string())),
             }
@@ -213,4 +215,62 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 fn print_membership(m: &gateway::wire::MembershipSummary) {
     let fmt = |v: &[(u64, String)]| v.iter().map(|(id, n)| format!("{n} ({id})")).collect::<Vec<_>>().join(", ");
     println!("membership: voters [{}]; learners [{}]", fmt(&m.voters), fmt(&m.learners));
+}
+
+/// `gateway quota set|grant|show`.
+async fn quota(cmd: gateway::cli::QuotaCommand) -> Result<(), Failure> {
+    use gateway::cli::QuotaCommand as Q;
+    match cmd {
+        Q::Set { cluster, tenant, max_connections, publishes, period_ms, secret } => {
+            let plan =
+                serde_json::json!({"max_connections": max_connections, "publishes": publishes, "period_ms": period_ms});
+            let v = admin(&secret)?.set_quota(&cluster, &tenant, &plan).await?;
+            println!("{tenant}: plan revision {} committed", v["revision"]);
+        }
+        Q::Grant { cluster, tenant, publishes, id, secret } => {
+            let v = admin(&secret)?.grant(&cluster, &tenant, &id, publishes).await?;
+            let what = if v["duplicate"] == true { "already granted (counted once)" } else { "granted" };
+            println!("{tenant}: {publishes} publishes {what}; allowance this period {}", v["usage"]["allowance"]);
+        }
+        Q::Show { cluster, tenant, json, secret } => {
+            let v = admin(&secret)?.quota(&cluster, &tenant).await?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let u = &v["usage"];
+            let or_unlimited =
+                |x: &serde_json::Value| if x.is_null() { "unlimited".to_string() } else { x.to_string() };
+            println!("tenant {tenant} (plan revision {})", u["revision"]);
+            println!("  connections {} of {}", u["connections"], or_unlimited(&u["max_connections"]));
+            if u["publishes"].is_null() {
+                println!("  publishes   unlimited");
+            } else {
+                println!(
+                    "  publishes   {} used of {} ({} + {} granted) in period {} of {} ms, ending at {} ms",
+                    u["used"],
+                    u["allowance"],
+                    u["publishes"],
+                    u["granted"],
+                    u["period"],
+                    u["period_ms"],
+                    u["period_end_ms"]
+                );
+            }
+            let ledger = v["ledger"].as_array().map(Vec::as_slice).unwrap_or_default();
+            println!("  ledger, the last {} entries by period then id:", ledger.len());
+            for e in ledger {
+                println!(
+                    "    period {} {:<8} {:>4} rev {} at {} ms  {}",
+                    e["period"],
+                    e["kind"].as_str().unwrap_or(""),
+                    e["publishes"],
+                    e["revision"],
+                    e["at_ms"],
+                    e["id"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(())
 }

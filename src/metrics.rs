@@ -30,6 +30,9 @@ pub struct Metrics {
     pub snapshots_installed: Counter,
     /// Device handshakes by result (`accepted`, `redirected`, or the refusal reason).
     pub handshakes: Family<ResultLabel, Counter>,
+    /// Backend publishes by result (`published`, `duplicate`, or the refusal reason such as
+    /// `quota_exhausted`).
+    pub publishes: Family<ResultLabel, Counter>,
     /// Time for a handshake's claim to commit.
     pub claim_seconds: Histogram,
     /// Connections this node closed because a newer claim took the device over (4001).
@@ -74,6 +77,7 @@ impl Default for Metrics {
             suspicions: Counter::default(),
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
+            publishes: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
@@ -107,6 +111,7 @@ impl Default for Metrics {
         );
         registry.register("claims", "Route claims by result", m.claims.clone());
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
+        registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
         registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
         registry.register(

@@ -19,6 +19,10 @@ pub struct DeviceClaims {
     /// Not valid before (Unix seconds), if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbf: Option<u64>,
+    /// The tenant the device belongs to, if any: its connections and publishes count against
+    /// the tenant's quotas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Why a token was refused (all answered with 401).
@@ -34,6 +38,8 @@ pub enum AuthError {
     NotYetValid,
     #[error("bad device id in token")]
     BadDevice,
+    #[error("bad tenant in token (1-64 characters of [A-Za-z0-9._-])")]
+    BadTenant,
     #[error("invalid token: {0}")]
     Invalid(String),
 }
@@ -47,6 +53,7 @@ impl AuthError {
             AuthError::Expired => "token_expired",
             AuthError::NotYetValid => "token_not_yet_valid",
             AuthError::BadDevice => "bad_device_id",
+            AuthError::BadTenant => "bad_tenant",
             AuthError::Invalid(_) => "invalid_token",
         }
     }
@@ -55,6 +62,11 @@ impl AuthError {
 /// Device ids: 1-128 bytes of `[A-Za-z0-9._:@-]`.
 pub fn valid_device_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+}
+
+/// Tenant names: 1-64 bytes of `[A-Za-z0-9._-]`.
+pub fn valid_tenant(t: &str) -> bool {
+    !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// Verifies tokens with the node's device secret.
@@ -85,6 +97,9 @@ impl Verifier {
         if !valid_device_id(&data.claims.sub) {
             return Err(AuthError::BadDevice);
         }
+        if data.claims.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
+            return Err(AuthError::BadTenant);
+        }
         Ok(data.claims)
     }
 }
@@ -107,13 +122,20 @@ fn refusal(kind: &jsonwebtoken::errors::ErrorKind) -> AuthError {
 
 /// Mints a token (`gateway token`, tests, the load tool).
 pub fn mint(secret: &[u8], device: &str, epoch: u64, exp_unix_s: u64) -> Result<String, AuthError> {
-    if !valid_device_id(device) {
+    mint_claims(secret, &DeviceClaims { sub: device.to_string(), epoch, exp: exp_unix_s, nbf: None, tenant: None })
+}
+
+/// Mints a token carrying `claims` (a tenant, a not-before).
+pub fn mint_claims(secret: &[u8], claims: &DeviceClaims) -> Result<String, AuthError> {
+    if !valid_device_id(&claims.sub) {
         return Err(AuthError::BadDevice);
     }
-    let claims = DeviceClaims { sub: device.to_string(), epoch, exp: exp_unix_s, nbf: None };
+    if claims.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
+        return Err(AuthError::BadTenant);
+    }
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
+        claims,
         &jsonwebtoken::EncodingKey::from_secret(secret),
     )
     .map_err(|e| AuthError::Invalid(e.to_string()))
@@ -169,7 +191,7 @@ mod tests {
         // A valid signature over an HS384 header is still the wrong algorithm.
         let hs384 = jsonwebtoken::encode(
             &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS384),
-            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far(), nbf: None },
+            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far(), nbf: None, tenant: None },
             &jsonwebtoken::EncodingKey::from_secret(SECRET),
         )
         .unwrap();
@@ -178,7 +200,7 @@ mod tests {
         // Not valid before an hour from now.
         let early = jsonwebtoken::encode(
             &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far() + 3600, nbf: Some(far()) },
+            &DeviceClaims { sub: "d1".into(), epoch: 0, exp: far() + 3600, nbf: Some(far()), tenant: None },
             &jsonwebtoken::EncodingKey::from_secret(SECRET),
         )
         .unwrap();

@@ -61,7 +61,7 @@ fn bad_tokens_bad_requests_and_bad_frames_are_refused_and_the_node_survives() {
     );
     let bad_device = jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &DeviceClaims { sub: "bad id!".into(), epoch: 0, exp: far, nbf: None },
+        &DeviceClaims { sub: "bad id!".into(), epoch: 0, exp: far, nbf: None, tenant: None },
         &jsonwebtoken::EncodingKey::from_secret(&secret),
     )
     .unwrap();

@@ -345,7 +345,7 @@ fn claims_oracle(c: &Value, now: u64) -> Option<DeviceClaims> {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().filter(|&n| n < now)?),
     };
-    Some(DeviceClaims { sub, epoch, exp, nbf })
+    Some(DeviceClaims { sub, epoch, exp, nbf, tenant: None })
 }
 
 /// Text more or less like a token, with a marker inside.
@@ -377,7 +377,7 @@ proptest! {
     fn minted_tokens_verify_to_their_claims(id in device_id(), epoch in any::<u64>(), ahead in 60u64..1_000_000_000) {
         let exp = now_s() + ahead;
         let token = mint(SECRET, &id, epoch, exp).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        prop_assert_eq!(Verifier::new(SECRET).verify(&token), Ok(DeviceClaims { sub: id, epoch, exp, nbf: None }));
+        prop_assert_eq!(Verifier::new(SECRET).verify(&token), Ok(DeviceClaims { sub: id, epoch, exp, nbf: None, tenant: None }));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::cluster::membership::MembershipError;
 use crate::machine::{Budget, Claim, ClaimReply, NodeId};
 use crate::metrics::ResultLabel;
 use crate::protocol::MAX_ATTEMPT;
-use crate::token::valid_device_id;
+use crate::token::{valid_device_id, valid_tenant};
 use crate::wire::{AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, NodeRef, PromoteRequest};
 
 pub fn status(api: &Api) -> Resp {
@@ -260,6 +260,9 @@ struct ClaimRequest {
     #[serde(default)]
     epoch: u64,
     attempt: u64,
+    /// The tenant a device token would name.
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 /// Claims a device for this node through Raft (the handshake's claim, callable by operators and
@@ -275,13 +278,17 @@ pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
     if req.attempt > MAX_ATTEMPT {
         return error(StatusCode::BAD_REQUEST, "bad_attempt", "attempt must be at most 2^53");
     }
+    if req.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
+        return error(StatusCode::BAD_REQUEST, "bad_tenant", "tenants are 1-64 characters of [A-Za-z0-9._-]");
+    }
     let me = api.cluster.me();
     let claim = Claim { device: device.to_string(), node: me, conn: req.conn, epoch: req.epoch, attempt: req.attempt };
-    let reply = api.cluster.claim(claim).await;
+    let reply = api.cluster.claim(claim, req.tenant).await;
     let label = match &reply {
         Ok(ClaimReply::Accepted { .. }) => "accepted",
         Ok(ClaimReply::Stale { .. }) => "stale",
         Ok(ClaimReply::NodeNotLive) => "not_live",
+        Ok(ClaimReply::QuotaExhausted { .. }) => "quota_exhausted",
         Err(_) => "error",
     };
     api.metrics.claims.get_or_create(&ResultLabel { result: label }).inc();

@@ -7,6 +7,7 @@ use hyper::StatusCode;
 use super::{error, Api};
 use crate::answer::{self, Resp};
 use crate::machine::Publish;
+use crate::metrics::ResultLabel;
 use crate::token::valid_device_id;
 
 /// Idempotency keys: 1-128 printable ASCII characters.
@@ -42,7 +43,14 @@ pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) 
         max_keys: api.device.idempotency_keys,
     };
     // An unavailable answer may still commit: retry with the same Idempotency-Key.
-    match answer::publish(api.cluster.publish(publish).await) {
+    let outcome = answer::publish(api.cluster.publish(publish).await);
+    let result = match &outcome {
+        Ok((_, false)) => "published",
+        Ok((_, true)) => "duplicate",
+        Err(refusal) => refusal.reason,
+    };
+    api.metrics.publishes.get_or_create(&ResultLabel { result }).inc();
+    match outcome {
         Ok((seq, duplicate)) => {
             answer::json(StatusCode::OK, &serde_json::json!({"device": device, "seq": seq, "duplicate": duplicate}))
         }

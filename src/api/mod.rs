@@ -9,6 +9,7 @@
 mod admin;
 mod messages;
 mod raft_rpc;
+mod tenants;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,6 +138,9 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, ["cluster", "ping"]) => admin::ping(api),
         (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
         (&Method::POST, ["cluster", "admission"]) => admin::set_admission(api, &body).await,
+        (&Method::GET, ["cluster", "tenants", tenant]) => tenants::show(api, tenant).await,
+        (&Method::POST, ["cluster", "tenants", tenant]) => tenants::set_policy(api, tenant, &body).await,
+        (&Method::POST, ["cluster", "tenants", tenant, "grants"]) => tenants::grant(api, tenant, &body).await,
         (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,
         (&Method::POST, ["v1", "devices", device, "messages"]) => {

@@ -19,13 +19,14 @@ use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
-    Ack, Budget, Claim, ClaimReply, Command, Drain, ExtendLeases, Floor, Forget, Init, Member, NodeId, Op, Publish,
-    PublishReply, Release, ReleaseNode, Renew, Reply, Route, SetAdmission, StreamRead, Suspect, Sweep, Swept,
+    Ack, Budget, Claim, ClaimReply, ClaimTenant, Command, Drain, ExtendLeases, Floor, Forget, Grant, GrantReply, Init,
+    Member, NodeId, Op, Publish, PublishQuota, PublishReply, Release, ReleaseNode, Renew, Reply, Route, SetAdmission,
+    SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
 use crate::raft::types::Raft;
-use crate::store::state::StateDb;
+use crate::store::state::{LedgerRows, StateDb};
 use crate::view::ClusterView;
 use crate::wire::{MembershipSummary, StatusReport};
 use membership::MembershipError;
@@ -133,8 +134,27 @@ impl Handle {
     }
 
     /// Claims a device for (node, conn): accepted, stale, or node not live.
-    pub async fn claim(&self, claim: Claim) -> Result<ClaimReply, ProposeError> {
-        self.write(claim).await
+    /// A device whose token names a tenant claims within the tenant's connection cap.
+    pub async fn claim(&self, claim: Claim, tenant: Option<String>) -> Result<ClaimReply, ProposeError> {
+        match tenant {
+            Some(tenant) => self.write(ClaimTenant { claim, tenant }).await,
+            None => self.write(claim).await,
+        }
+    }
+
+    /// Sets a tenant's plan; its new revision.
+    pub async fn set_tenant_policy(
+        &self,
+        tenant: &str,
+        max_connections: Option<u64>,
+        publishes: Option<PublishQuota>,
+    ) -> Result<u64, ProposeError> {
+        self.write(SetTenantPolicy { tenant: tenant.to_string(), max_connections, publishes, at_ms: 0 }).await
+    }
+
+    /// Grants a tenant `publishes` more this period, once per `id`.
+    pub async fn grant(&self, tenant: &str, id: &str, publishes: u64) -> Result<GrantReply, ProposeError> {
+        self.write(Grant { tenant: tenant.to_string(), id: id.to_string(), publishes, at_ms: 0 }).await
     }
 
     /// Deletes the device's route if it still names `conn`; whether it did.
@@ -210,6 +230,12 @@ impl Handle {
     pub async fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
         let (db, device) = (self.inner.state.clone(), device.to_string());
         read(move || db.route(&device)).await
+    }
+
+    /// A tenant's row and its last `limit` ledger entries, as applied here.
+    pub async fn tenant(&self, tenant: &str, limit: usize) -> Result<(Option<TenantRow>, LedgerRows), ReadError> {
+        let (db, tenant) = (self.inner.state.clone(), tenant.to_string());
+        read(move || db.tenant(&tenant, limit)).await
     }
 
     /// A device's stream bounds and up to `limit` retained messages after `after`.

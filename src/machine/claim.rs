@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tenant::{admits_connection, count_route};
 use super::types::{Floor, LeaseState, NodeId, Route, Superseded};
 use super::{Apply, Ctx, Event, State, Tables};
 
@@ -25,47 +26,84 @@ pub enum ClaimReply {
     Stale { floor_epoch: u64, floor_attempt: u64 },
     /// The claiming node holds no live lease (or is not a member): nothing changed.
     NodeNotLive,
+    /// The device's tenant holds `limit` connections already: nothing changed.
+    QuotaExhausted { limit: u64 },
 }
 
 impl Apply for Claim {
     type Reply = ClaimReply;
 
     fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
-        let Claim { device, node, conn, epoch, attempt } = self;
-        let claim = (epoch, attempt);
-        let floor = cx.tables.floor(&device)?;
-        let route = cx.tables.route(&device)?;
-        if let Some(f) = &floor {
-            if claim <= (f.max_epoch, f.max_attempt) {
-                // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
-                if let Some(r) = route.as_ref().filter(|r| r.node == node && r.conn == conn) {
-                    if claim == (f.max_epoch, f.max_attempt) {
-                        return Ok(ClaimReply::Accepted { version: r.version, superseded: None });
-                    }
-                }
-                return Ok(ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt });
-            }
-        }
-        if cx.state.nodes.get(&node).map(|l| l.state) != Some(LeaseState::Live) || !cx.state.is_member(node) {
-            return Ok(ClaimReply::NodeNotLive);
-        }
-        let version = floor.as_ref().map_or(0, |f| f.max_version) + 1;
-        let superseded = match route {
-            Some(old) => {
-                remove_route(cx.state, cx.tables, &device, &old)?;
-                cx.events.push(Event::Superseded { node: old.node, conn: old.conn });
-                Some(Superseded { node: old.node, conn: old.conn })
-            }
-            None => None,
-        };
-        cx.tables.put_route(&device, &Route { node, conn, version })?;
-        if let Some(l) = cx.state.nodes.get_mut(&node) {
-            l.routes += 1;
-        }
-        let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
-        cx.tables.put_floor(&device, &floor)?;
-        Ok(ClaimReply::Accepted { version, superseded })
+        claim(cx, self, None)
     }
+}
+
+/// A claim by a device whose token names a tenant: counted against the tenant's connection cap
+/// (a device that already holds a route of the same tenant takes no new slot).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimTenant {
+    pub claim: Claim,
+    pub tenant: String,
+}
+
+impl Apply for ClaimTenant {
+    type Reply = ClaimReply;
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
+        claim(cx, self.claim, Some(self.tenant))
+    }
+}
+
+fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Result<ClaimReply, T::Error> {
+    let Claim { device, node, conn, epoch, attempt } = c;
+    let claim = (epoch, attempt);
+    let floor = cx.tables.floor(&device)?;
+    let route = cx.tables.route(&device)?;
+    if let Some(f) = &floor {
+        if claim <= (f.max_epoch, f.max_attempt) {
+            // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
+            if let Some(r) = route.as_ref().filter(|r| r.node == node && r.conn == conn) {
+                if claim == (f.max_epoch, f.max_attempt) {
+                    return Ok(ClaimReply::Accepted { version: r.version, superseded: None });
+                }
+            }
+            return Ok(ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt });
+        }
+    }
+    if cx.state.nodes.get(&node).map(|l| l.state) != Some(LeaseState::Live) || !cx.state.is_member(node) {
+        return Ok(ClaimReply::NodeNotLive);
+    }
+    if let Some(t) = &tenant {
+        let holds_slot = route.is_some() && cx.tables.device_tenant(&device)?.as_ref() == Some(t);
+        if !holds_slot {
+            if let Err(limit) = admits_connection(cx.tables, t)? {
+                return Ok(ClaimReply::QuotaExhausted { limit });
+            }
+        }
+    }
+    let version = floor.as_ref().map_or(0, |f| f.max_version) + 1;
+    let superseded = match route {
+        Some(old) => {
+            remove_route(cx.state, cx.tables, &device, &old)?;
+            cx.events.push(Event::Superseded { node: old.node, conn: old.conn });
+            Some(Superseded { node: old.node, conn: old.conn })
+        }
+        None => None,
+    };
+    cx.tables.put_route(&device, &Route { node, conn, version })?;
+    if let Some(l) = cx.state.nodes.get_mut(&node) {
+        l.routes += 1;
+    }
+    match &tenant {
+        Some(t) => {
+            count_route(cx.tables, t, 1)?;
+            cx.tables.put_device_tenant(&device, t)?;
+        }
+        None => cx.tables.remove_device_tenant(&device)?,
+    }
+    let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
+    cx.tables.put_floor(&device, &floor)?;
+    Ok(ClaimReply::Accepted { version, superseded })
 }
 
 /// Deletes the device's route only if it still names `conn`.
@@ -91,6 +129,7 @@ impl Apply for Release {
 
 fn remove_route<T: Tables>(state: &mut State, tables: &mut T, device: &str, r: &Route) -> Result<(), T::Error> {
     tables.remove_route(device, r.node)?;
+    uncount_tenant(tables, device)?;
     if let Some(l) = state.nodes.get_mut(&r.node) {
         l.routes = l.routes.saturating_sub(1);
     }
@@ -102,9 +141,18 @@ pub(super) fn delete_node_routes<T: Tables>(state: &mut State, tables: &mut T, n
     let devices = tables.node_devices(node)?;
     for device in &devices {
         tables.remove_route(device, node)?;
+        uncount_tenant(tables, device)?;
     }
     if let Some(l) = state.nodes.get_mut(&node) {
         l.routes = 0;
     }
     Ok(devices.len() as u64)
+}
+
+/// A route of `device` is gone: one connection fewer for its tenant, if it has one.
+fn uncount_tenant<T: Tables>(tables: &mut T, device: &str) -> Result<(), T::Error> {
+    match tables.device_tenant(device)? {
+        Some(t) => count_route(tables, &t, -1),
+        None => Ok(()),
+    }
 }

@@ -9,12 +9,15 @@ pub mod claim;
 pub mod lease;
 pub mod stream;
 pub mod tables;
+pub mod tenant;
 pub mod types;
 
 #[cfg(test)]
 pub(crate) mod props;
 #[cfg(test)]
 pub(crate) mod stream_tests;
+#[cfg(test)]
+pub(crate) mod tenant_tests;
 #[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
@@ -25,10 +28,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use admission::{Budget, SetAdmission};
-pub use claim::{Claim, ClaimReply, Release};
+pub use claim::{Claim, ClaimReply, ClaimTenant, Release};
 pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
 pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
+pub use tenant::{Entry, EntryKind, Exhausted, Grant, GrantReply, Policy, PublishQuota, SetTenantPolicy, TenantRow};
 pub use types::{Floor, LeaseState, Member, NodeId, NodeLease, Route, Superseded};
 
 /// The small part of the state every node needs on every decision, kept in memory (the big
@@ -170,6 +174,12 @@ commands! {
     Suspect => bool,
     /// Sets (or clears) the cluster-wide admission budget.
     SetAdmission => (),
+    /// A claim by a device of a tenant, within the tenant's connection cap.
+    ClaimTenant => ClaimReply,
+    /// Sets a tenant's plan: its new revision.
+    SetTenantPolicy => u64,
+    /// Grants a tenant more publishes this period (once per grant id).
+    Grant => GrantReply,
 }
 
 impl Command {
@@ -181,7 +191,9 @@ impl Command {
             | Command::ExtendLeases(ExtendLeases { at_ms, .. })
             | Command::Drain(Drain { at_ms, .. })
             | Command::Publish(Publish { at_ms, .. })
-            | Command::Suspect(Suspect { at_ms, .. }) => Some(at_ms),
+            | Command::Suspect(Suspect { at_ms, .. })
+            | Command::SetTenantPolicy(SetTenantPolicy { at_ms, .. })
+            | Command::Grant(Grant { at_ms, .. }) => Some(at_ms),
             _ => None,
         }
     }
@@ -208,6 +220,9 @@ impl Command {
             + match self {
                 Command::Publish(p) => p.device.len() + p.payload.len() + p.key.as_ref().map_or(0, String::len),
                 Command::Claim(c) => c.device.len(),
+                Command::ClaimTenant(c) => c.claim.device.len() + c.tenant.len(),
+                Command::SetTenantPolicy(p) => p.tenant.len(),
+                Command::Grant(g) => g.tenant.len() + g.id.len(),
                 Command::Release(r) => r.device.len(),
                 Command::Ack(a) => a.device.len(),
                 Command::Sweep(s) => 10 * s.candidates.len(),

@@ -34,6 +34,10 @@ struct Model {
     ring_version: u64,
     /// The term the leases were last extended in (`Sm::new` extends in term 1).
     extended_term: u64,
+    /// tenant → (plan revision, connection cap)
+    plans: BTreeMap<String, (u64, Option<u64>)>,
+    /// device → the tenant its last accepted claim named
+    device_tenant: BTreeMap<String, String>,
 }
 
 impl Model {
@@ -51,7 +55,12 @@ impl Model {
         (before - self.routes.len()) as u64
     }
 
-    fn claim(&mut self, c: Claim) -> ClaimReply {
+    /// Routes whose device's tenant is `tenant`.
+    fn connections(&self, tenant: &str) -> u64 {
+        self.routes.keys().filter(|d| self.device_tenant.get(*d).map(String::as_str) == Some(tenant)).count() as u64
+    }
+
+    fn claim(&mut self, c: Claim, tenant: Option<String>) -> ClaimReply {
         let Claim { device, node, conn, epoch, attempt } = c;
         let floor = self.floors.get(&device).cloned();
         if let Some(f) = &floor {
@@ -68,6 +77,17 @@ impl Model {
         if !self.live_set().contains(&node) {
             return ClaimReply::NodeNotLive;
         }
+        if let Some(t) = &tenant {
+            let holds_slot = self.routes.contains_key(&device) && self.device_tenant.get(&device) == Some(t);
+            let cap = self.plans.get(t).and_then(|p| p.1);
+            if let Some(cap) = cap.filter(|&cap| !holds_slot && self.connections(t) >= cap) {
+                return ClaimReply::QuotaExhausted { limit: cap };
+            }
+        }
+        match &tenant {
+            Some(t) => self.device_tenant.insert(device.clone(), t.clone()),
+            None => self.device_tenant.remove(&device),
+        };
         let version = floor.map_or(0, |f| f.max_version) + 1;
         let old = self.routes.insert(device.clone(), Route { node, conn, version });
         let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
@@ -78,7 +98,13 @@ impl Model {
     fn apply(&mut self, term: u64, cmd: &Command) -> Reply {
         match cmd.clone() {
             Command::Init(_) => Reply::Init(()),
-            Command::Claim(c) => Reply::Claim(self.claim(c)),
+            Command::Claim(c) => Reply::Claim(self.claim(c, None)),
+            Command::ClaimTenant(c) => Reply::ClaimTenant(self.claim(c.claim, Some(c.tenant))),
+            Command::SetTenantPolicy(p) => {
+                let plan = self.plans.entry(p.tenant).or_default();
+                *plan = (plan.0 + 1, p.max_connections);
+                Reply::SetTenantPolicy(plan.0)
+            }
             Command::Release(Release { device, conn }) => {
                 let holds = self.routes.get(&device).is_some_and(|r| r.conn == conn);
                 if holds {
@@ -164,6 +190,8 @@ impl Model {
             }
             // Streams have their own model below; the generator emits none.
             Command::Publish(_) | Command::Ack(_) => unreachable!("not generated"),
+            // Grants touch publish quotas only (their rule has its own tests).
+            Command::Grant(_) => unreachable!("not generated"),
         }
     }
 
@@ -198,6 +226,15 @@ fn command() -> impl Strategy<Value = Command> {
         ),
         6 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64)
             .prop_map(|(device, node, conn, epoch, attempt)| claim(&device, node, conn, epoch, attempt)),
+        3 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64, prop::sample::select(vec!["ta", "tb"])).prop_map(
+            |(device, node, conn, epoch, attempt, tenant)| {
+                let claim = Claim { device, node, conn, epoch, attempt };
+                ClaimTenant { claim, tenant: tenant.to_string() }.into()
+            }
+        ),
+        1 => (prop::sample::select(vec!["ta", "tb"]), prop::option::of(0..4u64)).prop_map(|(tenant, max_connections)| {
+            SetTenantPolicy { tenant: tenant.into(), max_connections, publishes: None, at_ms: 0 }.into()
+        }),
         2 => (device, 0..4u64).prop_map(|(device, conn)| Release { device, conn }.into()),
         2 => (0..500u64, 0..20u64, prop::sample::subsequence(vec![1u64, 2, 3, 4], 0..=4))
             .prop_map(|(at_ms, grace_ms, candidates)| Sweep { at_ms, grace_ms, candidates }.into()),
@@ -238,8 +275,16 @@ struct Invariants {
 
 impl Invariants {
     fn claim_reply(&mut self, cmd: &Command, reply: &Reply) {
-        let Command::Claim(Claim { device, node, conn, epoch, attempt }) = cmd else { return };
-        let Reply::Claim(ClaimReply::Accepted { version, .. }) = reply else { return };
+        let (Command::Claim(Claim { device, node, conn, epoch, attempt })
+        | Command::ClaimTenant(ClaimTenant { claim: Claim { device, node, conn, epoch, attempt }, .. })) = cmd
+        else {
+            return;
+        };
+        let (Reply::Claim(ClaimReply::Accepted { version, .. })
+        | Reply::ClaimTenant(ClaimReply::Accepted { version, .. })) = reply
+        else {
+            return;
+        };
         let key = (*epoch, *attempt);
         match self.accepted.get(device).copied() {
             // An exact replay of the last accepted claim keeps its version.
@@ -299,6 +344,10 @@ pub fn routes_follow_model<B: Backend>(entries: &[Step]) {
         assert_eq!(t.floors, model.floors, "floors after {cmds:?}");
         assert_eq!(sm.state.nodes, model.leases(), "leases after {cmds:?}");
         assert_eq!(sm.state.ring_version, model.ring_version, "ring_version after {cmds:?}");
+        assert_eq!(t.device_tenants, model.device_tenant, "device tenants after {cmds:?}");
+        for (tenant, row) in &t.tenants {
+            assert_eq!(row.connections, model.connections(tenant), "{tenant}'s connections after {cmds:?}");
+        }
     }
 }
 

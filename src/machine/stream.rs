@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::tenant::{consume, Exhausted};
 use super::types::NodeId;
 use super::{Apply, Ctx, Event, Tables};
 
@@ -80,6 +81,8 @@ pub enum PublishReply {
     Published { seq: u64, duplicate: bool },
     /// The device never connected: there is no stream to publish to.
     NoSuchDevice,
+    /// The device's tenant used its publish allowance for this period: nothing changed.
+    QuotaExhausted(Exhausted),
 }
 
 impl Apply for Publish {
@@ -100,6 +103,16 @@ impl Apply for Publish {
             }
         }
         let mut h = t.head(device)?.unwrap_or_default();
+        if let Some(tenant) = t.device_tenant(device)? {
+            // The consumption id: a retry with the same key consumes once.
+            let id = match &self.key {
+                Some(k) => format!("{device}:{k}"),
+                None => format!("{device}#{}", h.head + 1),
+            };
+            if let Err(e) = consume(t, &tenant, &id, self.at_ms)? {
+                return Ok(PublishReply::QuotaExhausted(e));
+            }
+        }
         h.head += 1;
         let msg = Message { at_ms: self.at_ms, payload: self.payload, key: self.key };
         t.put_message(device, h.head, &msg)?;

@@ -3,6 +3,7 @@
 //! leases, membership and cluster id are not tables: they live in [`super::State`], in memory.
 
 use super::stream::{Head, KeyUse, Message};
+use super::tenant::{Entry, TenantRow};
 use super::types::{Floor, NodeId, Route};
 
 /// Point reads and writes of one apply transaction. Errors are the backend's (I/O, decoding) and
@@ -35,6 +36,18 @@ pub trait Tables {
     fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), Self::Error>;
     /// The device's key used longest ago.
     fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, Self::Error>;
+
+    /// The tenant of the device's last accepted claim, if its token named one.
+    fn device_tenant(&self, device: &str) -> Result<Option<String>, Self::Error>;
+    fn put_device_tenant(&mut self, device: &str, tenant: &str) -> Result<(), Self::Error>;
+    fn remove_device_tenant(&mut self, device: &str) -> Result<(), Self::Error>;
+    fn tenant(&self, tenant: &str) -> Result<Option<TenantRow>, Self::Error>;
+    fn put_tenant(&mut self, tenant: &str, row: &TenantRow) -> Result<(), Self::Error>;
+    /// A ledger entry of `tenant` in `period` under consumption id `id`.
+    fn ledger(&self, tenant: &str, period: u64, id: &str) -> Result<Option<Entry>, Self::Error>;
+    fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), Self::Error>;
+    /// Deletes the tenant's ledger entries of periods before `keep_from`.
+    fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), Self::Error>;
 }
 
 /// In-memory tables: the reference backend for the domain's tests (and the model they compare
@@ -56,6 +69,9 @@ pub mod mem {
         pub idempotency: BTreeMap<(String, String), KeyUse>,
         /// (device, at_ms, seq) → key: the keys in the order they were used.
         pub key_order: BTreeMap<(String, u64, u64), String>,
+        pub device_tenants: BTreeMap<String, String>,
+        pub tenants: BTreeMap<String, TenantRow>,
+        pub ledger: BTreeMap<(String, u64, String), Entry>,
     }
 
     impl Tables for MemTables {
@@ -120,6 +136,35 @@ pub mod mem {
             let from = (device.to_string(), 0, 0);
             let first = self.key_order.range(from..).next().filter(|((d, ..), _)| d == device);
             Ok(first.map(|((_, at_ms, seq), key)| (key.clone(), KeyUse { seq: *seq, at_ms: *at_ms })))
+        }
+        fn device_tenant(&self, device: &str) -> Result<Option<String>, Infallible> {
+            Ok(self.device_tenants.get(device).cloned())
+        }
+        fn put_device_tenant(&mut self, device: &str, tenant: &str) -> Result<(), Infallible> {
+            self.device_tenants.insert(device.to_string(), tenant.to_string());
+            Ok(())
+        }
+        fn remove_device_tenant(&mut self, device: &str) -> Result<(), Infallible> {
+            self.device_tenants.remove(device);
+            Ok(())
+        }
+        fn tenant(&self, tenant: &str) -> Result<Option<TenantRow>, Infallible> {
+            Ok(self.tenants.get(tenant).cloned())
+        }
+        fn put_tenant(&mut self, tenant: &str, row: &TenantRow) -> Result<(), Infallible> {
+            self.tenants.insert(tenant.to_string(), row.clone());
+            Ok(())
+        }
+        fn ledger(&self, tenant: &str, period: u64, id: &str) -> Result<Option<Entry>, Infallible> {
+            Ok(self.ledger.get(&(tenant.to_string(), period, id.to_string())).copied())
+        }
+        fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), Infallible> {
+            self.ledger.insert((tenant.to_string(), period, id.to_string()), *entry);
+            Ok(())
+        }
+        fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), Infallible> {
+            self.ledger.retain(|(t, period, _), _| t != tenant || *period >= keep_from);
+            Ok(())
         }
     }
 }

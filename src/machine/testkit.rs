@@ -265,7 +265,7 @@ pub fn floor(max_version: u64, max_epoch: u64, max_attempt: u64, last_node: Node
 /// Declares one `#[test]` per generic rule test (and one proptest per property) for `$backend`.
 macro_rules! backend_tests {
     ($backend:ty) => {
-        use $crate::machine::{props, stream_tests, tests};
+        use $crate::machine::{props, stream_tests, tenant_tests, tests};
         $crate::machine::testkit::backend_tests!(@each $backend, tests:
             claim_accept_supersede_stale_and_epoch_order,
             claim_replay_is_idempotent,
@@ -294,6 +294,11 @@ macro_rules! backend_tests {
             retention_by_count_and_age_moves_oldest_and_spares_other_devices,
             ack_trims_up_to_min_of_seq_and_head_idempotently_and_never_moves_head,
             snapshot_round_trip_keeps_streams_and_idempotency,
+        );
+        $crate::machine::testkit::backend_tests!(@each $backend, tenant_tests:
+            a_tenant_at_its_connection_cap_is_refused_and_others_are_not,
+            a_publish_quota_counts_each_consumption_once_and_renews_each_period,
+            tenants_survive_a_reopen_and_a_snapshot,
         );
         proptest::proptest! {
             #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]

@@ -26,13 +26,31 @@ pub(super) const IDEMPOTENCY: TableDefinition<(&str, &str), &[u8]> = TableDefini
 /// (device, used at ms, seq) → idempotency key: a device's keys oldest first, for the window and
 /// the count bound.
 pub(super) const KEY_ORDER: TableDefinition<(&str, u64, u64), &str> = TableDefinition::new("key_order");
+/// device → the tenant its last accepted claim named.
+pub(super) const DEVICE_TENANTS: TableDefinition<&str, &str> = TableDefinition::new("device_tenant");
+/// tenant → its plan, connections and this period's totals (codec).
+pub(super) const TENANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("tenants");
+/// (tenant, period, consumption id) → ledger entry (codec).
+pub(super) const LEDGER: TableDefinition<(&str, u64, &str), &[u8]> = TableDefinition::new("quota_ledger");
 
 /// Not state: the last built (or installed) snapshot, kept for followers that need it.
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
-pub(super) static STATE_TABLES: [&dyn RawTable; 9] =
-    [&ROUTES, &FLOORS, &NODE_ROUTES, &NODES, &META, &STREAMS, &HEADS, &IDEMPOTENCY, &KEY_ORDER];
+pub(super) static STATE_TABLES: [&dyn RawTable; 12] = [
+    &ROUTES,
+    &FLOORS,
+    &NODE_ROUTES,
+    &NODES,
+    &META,
+    &STREAMS,
+    &HEADS,
+    &IDEMPOTENCY,
+    &KEY_ORDER,
+    &DEVICE_TENANTS,
+    &TENANTS,
+    &LEDGER,
+];
 
 /// A table's rows as redb's own key and value bytes, in key order. Snapshots carry these: their
 /// layout is redb's fixed-width/length-prefixed encoding of the key and value types above (stable

@@ -11,11 +11,12 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableM
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
-    Rows, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, META, NODES, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS,
+    Rows, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, NODE_ROUTES, ROUTES, SNAPSHOT,
+    STATE_TABLES, STREAMS, TENANTS,
 };
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::machine::{Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables};
+use crate::machine::{Entry, Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables, TenantRow};
 
 /// The layout of this file, written when it is created: a file of another layout is refused
 /// with a clear error, never misread. 2: the table registry (`store::schema`) and the adapter's
@@ -133,6 +134,21 @@ impl StateDb {
         Ok((route, floor))
     }
 
+    /// A tenant's row and its last `limit` ledger entries in (period, consumption id) order.
+    pub fn tenant(&self, tenant: &str, limit: usize) -> Result<(Option<TenantRow>, LedgerRows), StoreError> {
+        let txn = self.db.begin_read()?;
+        let row: Option<TenantRow> = get(&txn.open_table(TENANTS)?, tenant)?;
+        let ledger = txn.open_table(LEDGER)?;
+        let mut entries = Vec::new();
+        for r in ledger.range((tenant, 0, "")..=(tenant, u64::MAX, ""))?.rev().take(limit) {
+            let (k, v) = r?;
+            let (_, period, id) = k.value();
+            entries.push((period, id.to_string(), decode(v.value())?));
+        }
+        entries.reverse();
+        Ok((row, entries))
+    }
+
     /// A device's stream bounds and up to `limit` retained messages with seq > `after`.
     pub fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, StoreError> {
         self.stream_page(device, after, limit, usize::MAX)
@@ -243,6 +259,9 @@ where
     Ok(table.get(key)?.map(|v| decode(v.value())).transpose()?)
 }
 
+/// Ledger entries as read: (period, consumption id, entry), oldest first.
+pub type LedgerRows = Vec<(u64, String, Entry)>;
+
 /// The tables of one apply transaction, opened once; the rules run over them as [`Tables`].
 pub struct StateTxn<'t> {
     routes: Table<'t, &'static str, &'static [u8]>,
@@ -254,6 +273,9 @@ pub struct StateTxn<'t> {
     heads: Table<'t, &'static str, &'static [u8]>,
     idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
     key_order: Table<'t, (&'static str, u64, u64), &'static str>,
+    device_tenants: Table<'t, &'static str, &'static str>,
+    tenants: Table<'t, &'static str, &'static [u8]>,
+    ledger: Table<'t, (&'static str, u64, &'static str), &'static [u8]>,
 }
 
 impl<'t> StateTxn<'t> {
@@ -268,6 +290,9 @@ impl<'t> StateTxn<'t> {
             heads: txn.open_table(HEADS)?,
             idem: txn.open_table(IDEMPOTENCY)?,
             key_order: txn.open_table(KEY_ORDER)?,
+            device_tenants: txn.open_table(DEVICE_TENANTS)?,
+            tenants: txn.open_table(TENANTS)?,
+            ledger: txn.open_table(LEDGER)?,
         })
     }
 
@@ -368,5 +393,36 @@ impl Tables for StateTxn<'_> {
         let (k, v) = row?;
         let (_, at_ms, seq) = k.value();
         Ok(Some((v.value().to_string(), KeyUse { seq, at_ms })))
+    }
+    fn device_tenant(&self, device: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.device_tenants.get(device)?.map(|v| v.value().to_string()))
+    }
+    fn put_device_tenant(&mut self, device: &str, tenant: &str) -> Result<(), StoreError> {
+        self.device_tenants.insert(device, tenant)?;
+        Ok(())
+    }
+    fn remove_device_tenant(&mut self, device: &str) -> Result<(), StoreError> {
+        self.device_tenants.remove(device)?;
+        Ok(())
+    }
+    fn tenant(&self, tenant: &str) -> Result<Option<TenantRow>, StoreError> {
+        get(&self.tenants, tenant)
+    }
+    fn put_tenant(&mut self, tenant: &str, row: &TenantRow) -> Result<(), StoreError> {
+        self.tenants.insert(tenant, encode(row)?.as_slice())?;
+        Ok(())
+    }
+    fn ledger(&self, tenant: &str, period: u64, id: &str) -> Result<Option<Entry>, StoreError> {
+        get(&self.ledger, (tenant, period, id))
+    }
+    fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), StoreError> {
+        self.ledger.insert((tenant, period, id), encode(entry)?.as_slice())?;
+        Ok(())
+    }
+    fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), StoreError> {
+        if keep_from > 0 {
+            self.ledger.retain_in((tenant, 0, "")..(tenant, keep_from, ""), |_, _| false)?;
+        }
+        Ok(())
     }
 }

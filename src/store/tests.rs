@@ -7,7 +7,8 @@ use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use tempfile::TempDir;
 
 use super::schema::{
-    Rows, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES, STREAMS,
+    Rows, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES,
+    STREAMS, TENANTS,
 };
 use super::state::{Loaded, StateDb};
 use crate::codec::{decode, encode};
@@ -98,6 +99,19 @@ impl Backend for RedbBackend {
             let (device, at_ms, seq) = k.value();
             t.key_order.insert((device.to_string(), at_ms, seq), v.value().to_string());
         }
+        for row in txn.open_table(DEVICE_TENANTS).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            t.device_tenants.insert(k.value().to_string(), v.value().to_string());
+        }
+        for row in txn.open_table(TENANTS).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            t.tenants.insert(k.value().to_string(), decode(v.value()).unwrap());
+        }
+        for row in txn.open_table(LEDGER).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            let (tenant, period, id) = k.value();
+            t.ledger.insert((tenant.to_string(), period, id.to_string()), decode(v.value()).unwrap());
+        }
         t
     }
 
@@ -128,6 +142,18 @@ fn populated() -> Sm<RedbBackend> {
         testkit::renew(1, 0, 1 << 40),
         testkit::claim("d1", 1, 7, 0, 1),
         testkit::publish("d1", "{}", Some("key"), 0, 100, u64::MAX),
+        machine::SetTenantPolicy {
+            tenant: "t".into(),
+            max_connections: Some(9),
+            publishes: Some(machine::PublishQuota { limit: 9, period_ms: 1000 }),
+            at_ms: 0,
+        }
+        .into(),
+        machine::ClaimTenant {
+            claim: machine::Claim { device: "d2".into(), node: 1, conn: 8, epoch: 0, attempt: 1 },
+            tenant: "t".into(),
+        }
+        .into(),
     ]);
     sm
 }

@@ -100,6 +100,36 @@ impl Admin {
         self.parse(addr, res).await
     }
 
+    /// Sets a tenant's plan: `POST /cluster/tenants/{tenant}`.
+    pub async fn set_quota(
+        &self,
+        addr: &str,
+        tenant: &str,
+        plan: &serde_json::Value,
+    ) -> Result<serde_json::Value, AdminError> {
+        let res = self.http.post_json(addr, &format!("/cluster/tenants/{tenant}"), plan, CALL_TIMEOUT).await;
+        self.parse(addr, res).await
+    }
+
+    /// Grants a tenant more publishes this period, once per `id`.
+    pub async fn grant(
+        &self,
+        addr: &str,
+        tenant: &str,
+        id: &str,
+        publishes: u64,
+    ) -> Result<serde_json::Value, AdminError> {
+        let body = serde_json::json!({ "id": id, "publishes": publishes });
+        let res = self.http.post_json(addr, &format!("/cluster/tenants/{tenant}/grants"), &body, CALL_TIMEOUT).await;
+        self.parse(addr, res).await
+    }
+
+    /// A tenant's plan, usage and ledger.
+    pub async fn quota(&self, addr: &str, tenant: &str) -> Result<serde_json::Value, AdminError> {
+        let res = self.http.get(addr, &format!("/cluster/tenants/{tenant}"), CALL_TIMEOUT).await;
+        self.parse(addr, res).await
+    }
+
     /// Asks the node at `addr` to drain.
     pub async fn drain(&self, addr: &str) -> Result<serde_json::Value, AdminError> {
         let res = self.http.post_json(addr, "/cluster/drain", &serde_json::json!({}), CALL_TIMEOUT).await;

@@ -22,6 +22,7 @@ use crate::machine::{Claim, NodeId};
 use crate::metrics::ResultLabel;
 use crate::protocol::{close, ServerFrame, MAX_ATTEMPT};
 use crate::server::Peer;
+use crate::token::DeviceClaims;
 
 pub(crate) fn query(req: &Request<Incoming>) -> HashMap<String, String> {
     req.uri()
@@ -45,7 +46,7 @@ pub(crate) fn bearer(req: &Request<Incoming>, q: &HashMap<String, String>) -> St
 }
 
 /// Steps 1-3 shared with `/v1/placement`: admission, node state, authentication.
-fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<(String, u64), Refusal> {
+fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<DeviceClaims, Refusal> {
     // Per source first: a flooding source must not spend the node's admission.
     if let (Some(sources), Some(Peer(peer))) = (&g.sources, req.extensions().get::<Peer>()) {
         if let Err(secs) = sources.admit(&source_key(peer.ip())) {
@@ -66,10 +67,7 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
     if !g.cluster.view().is_live(g.cluster.me()) {
         return Err(Refusal::unavailable("not_live"));
     }
-    g.verifier
-        .verify(&bearer(req, q))
-        .map(|c| (c.sub, c.epoch))
-        .map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.reason()).message(e))
+    g.verifier.verify(&bearer(req, q)).map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.reason()).message(e))
 }
 
 /// What a source is limited by: an IPv4 address, or an IPv6 address's /64 (one host's range).
@@ -94,8 +92,8 @@ async fn target(g: &Gate, device: &str, fallback: Option<&String>) -> Option<Nod
 /// `GET /v1/placement`: the `/ws` URL this device should use.
 pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
     let q = query(&req);
-    let (device, _) = match gatekeep(&g, &req, &q) {
-        Ok(v) => v,
+    let device = match gatekeep(&g, &req, &q) {
+        Ok(v) => v.sub,
         Err(r) => return g.refuse(r),
     };
     let node = target(&g, &device, q.get("fallback")).await.unwrap_or(g.cluster.me());
@@ -108,7 +106,7 @@ pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
 /// `GET /ws?attempt=N`: the whole handshake.
 pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let q = query(&req);
-    let (device, epoch) = match gatekeep(&g, &req, &q) {
+    let DeviceClaims { sub: device, epoch, tenant, .. } = match gatekeep(&g, &req, &q) {
         Ok(v) => v,
         Err(r) => return g.refuse(r),
     };
@@ -145,7 +143,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     };
     let claim = Claim { device: device.clone(), node: me, conn, epoch, attempt };
     let started = std::time::Instant::now();
-    let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim)).await;
+    let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant)).await;
     g.metrics.claim_seconds.observe(started.elapsed().as_secs_f64());
     let accepted = match outcome {
         Ok(outcome) => {
