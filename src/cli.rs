@@ -315,6 +315,11 @@ pub struct ServeArgs {
     /// [default: max(3000, 4 × election timeout + 1000)].
     #[arg(long, env = "GATEWAY_HANDSHAKE_TIMEOUT_MS")]
     pub handshake_timeout_ms: Option<u64>,
+    /// Claim commit latency (p99 over windows this long) above which the share of handshakes
+    /// admitted halves (503 overloaded), recovering 10 % per window below it; 0 = off
+    /// [default: handshake timeout / 4].
+    #[arg(long, env = "GATEWAY_OVERLOAD_COMMIT_MS")]
+    pub overload_commit_ms: Option<u64>,
     /// Deadline for a client to send its request headers [default: 5000].
     #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_MS")]
     pub header_read_timeout_ms: Option<u64>,
@@ -387,6 +392,7 @@ impl ServeArgs {
             device_reconnects: self.device_reconnects,
             device_reconnect_window_ms: self.device_reconnect_window_ms,
             handshake_timeout_ms: self.handshake_timeout_ms,
+            overload_commit_ms: self.overload_commit_ms,
             header_read_timeout_ms: self.header_read_timeout_ms,
             max_message_bytes: self.max_message_bytes,
             send_queue: self.send_queue,

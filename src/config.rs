@@ -60,6 +60,7 @@ pub struct FileConfig {
     pub device_reconnects: Option<u32>,
     pub device_reconnect_window_ms: Option<u64>,
     pub handshake_timeout_ms: Option<u64>,
+    pub overload_commit_ms: Option<u64>,
     pub header_read_timeout_ms: Option<u64>,
     pub max_message_bytes: Option<usize>,
     pub send_queue: Option<usize>,
@@ -128,6 +129,8 @@ pub struct DeviceConfig {
     pub device_reconnect_window_ms: u64,
     /// Deadline for a handshake's claim to commit (503 after it).
     pub handshake_timeout_ms: u64,
+    /// Claim commit latency whose p99 shrinks admission (AIMD); 0 = off.
+    pub overload_commit_ms: u64,
     /// Deadline for a client to send its request headers (slowloris guard).
     pub header_read_timeout_ms: u64,
     /// Largest message a device may send (close 1009 above it).
@@ -171,6 +174,7 @@ impl Default for DeviceConfig {
             device_reconnects: 0,
             device_reconnect_window_ms: 60_000,
             handshake_timeout_ms: 3_000,
+            overload_commit_ms: 750,
             header_read_timeout_ms: 5_000,
             max_message_bytes: 64 * 1024,
             send_queue: 256,
@@ -249,7 +253,7 @@ impl Config {
             propose_timeout_ms: flags.propose_timeout_ms.or(file.propose_timeout_ms).unwrap_or(d.propose_timeout_ms),
         };
         let dd = DeviceConfig::default();
-        let device = DeviceConfig {
+        let mut device = DeviceConfig {
             ping_ms: flags.ping_ms.or(file.ping_ms).unwrap_or(dd.ping_ms),
             idle_ms: flags.idle_ms.or(file.idle_ms).unwrap_or(dd.idle_ms),
             admit_rate: flags.admit_rate.or(file.admit_rate).unwrap_or(dd.admit_rate),
@@ -266,6 +270,7 @@ impl Config {
             handshake_timeout_ms: flags.handshake_timeout_ms.or(file.handshake_timeout_ms).unwrap_or(
                 dd.handshake_timeout_ms.max(timing.election_timeout_ms.saturating_mul(4).saturating_add(1_000)),
             ),
+            overload_commit_ms: 0, // derived below from the handshake timeout
             header_read_timeout_ms: flags
                 .header_read_timeout_ms
                 .or(file.header_read_timeout_ms)
@@ -285,6 +290,10 @@ impl Config {
             idempotency_ms: flags.idempotency_ms.or(file.idempotency_ms).unwrap_or(dd.idempotency_ms),
             idempotency_keys: flags.idempotency_keys.or(file.idempotency_keys).unwrap_or(dd.idempotency_keys),
         };
+        // A p99 commit above a quarter of the handshake deadline leaves little room for anything
+        // else a handshake waits on (a forward, an election): shed before the deadline is hit.
+        device.overload_commit_ms =
+            flags.overload_commit_ms.or(file.overload_commit_ms).unwrap_or(device.handshake_timeout_ms / 4);
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
         let start = match (join, standby) {
@@ -357,6 +366,7 @@ impl Config {
             ("ping_ms", d.ping_ms),
             ("idle_ms", d.idle_ms),
             ("handshake_timeout_ms", d.handshake_timeout_ms),
+            ("overload_commit_ms", d.overload_commit_ms),
             ("header_read_timeout_ms", d.header_read_timeout_ms),
             ("drain_timeout_ms", d.drain_timeout_ms),
             ("retain_ms", d.retain_ms),

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub publishes: Family<ResultLabel, Counter>,
     /// Time for a handshake's claim to commit.
     pub claim_seconds: Histogram,
+    /// Permille of handshakes the overload control admits (1000: not overloaded).
+    pub admitted_share: Gauge,
     /// Connections this node closed because a newer claim took the device over (4001).
     pub kicks: Counter,
     /// Connections told to go away by a drain.
@@ -78,6 +80,7 @@ impl Default for Metrics {
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
             publishes: Family::default(),
+            admitted_share: Gauge::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
@@ -97,6 +100,7 @@ impl Default for Metrics {
             routes: Gauge::default(),
             ring_version: Gauge::default(),
         };
+        m.admitted_share.set(1000);
         registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
         registry.register("log_entries", "Raft log entries written", m.log_entries.clone());
         registry.register(
@@ -113,6 +117,11 @@ impl Default for Metrics {
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
+        registry.register(
+            "admitted_share_permille",
+            "Permille of handshakes admitted by the overload control (1000: not overloaded)",
+            m.admitted_share.clone(),
+        );
         registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
         registry.register(
             "event_lags",

@@ -925,6 +925,10 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
     };
     let dd = DeviceConfig::default();
     let max_payload_bytes = size("max_payload_bytes", dd.max_payload_bytes);
+    let handshake_timeout_ms = int(
+        "handshake_timeout_ms",
+        dd.handshake_timeout_ms.max(t.election_timeout_ms.saturating_mul(4).saturating_add(1000)),
+    );
     let d = DeviceConfig {
         ping_ms: int("ping_ms", dd.ping_ms),
         idle_ms: int("idle_ms", dd.idle_ms),
@@ -934,10 +938,8 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         source_burst: dd.source_burst,
         device_reconnects: dd.device_reconnects,
         device_reconnect_window_ms: dd.device_reconnect_window_ms,
-        handshake_timeout_ms: int(
-            "handshake_timeout_ms",
-            dd.handshake_timeout_ms.max(t.election_timeout_ms.saturating_mul(4).saturating_add(1000)),
-        ),
+        handshake_timeout_ms,
+        overload_commit_ms: handshake_timeout_ms / 4,
         header_read_timeout_ms: int("header_read_timeout_ms", dd.header_read_timeout_ms),
         max_message_bytes: size("max_message_bytes", dd.max_message_bytes),
         send_queue: size("send_queue", dd.send_queue),

@@ -34,6 +34,7 @@ use crate::store::log::LogDb;
 use crate::store::state::StateDb;
 use crate::token::Verifier;
 use crate::ws::admission::{Admission, Keyed};
+use crate::ws::overload::Overload;
 use crate::ws::registry::{Limits, Registry};
 use crate::ws::session::SessionConfig;
 use crate::ws::{self, Gate, Mode};
@@ -175,6 +176,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
         admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst)),
+        overload: Overload::new(Duration::from_millis(d.overload_commit_ms), std::time::Instant::now()),
         sources: (d.source_rate > 0.0).then(|| Keyed::new(d.source_rate, d.source_burst, KEYED_WIDTH)),
         devices: (d.device_reconnects > 0).then(|| {
             let per_s = f64::from(d.device_reconnects) * 1000.0 / d.device_reconnect_window_ms as f64;

@@ -56,6 +56,14 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
     if let Err(secs) = g.admission.admit() {
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited").retry_after(secs));
     }
+    let now = std::time::Instant::now();
+    let shed = g.overload.admit(now);
+    g.metrics.admitted_share.set((g.overload.share(now) * 1000.0).round() as i64);
+    if let Err(secs) = shed {
+        let msg =
+            "claims are committing slowly (--overload-commit-ms): fewer handshakes are admitted until they recover";
+        return Err(Refusal::unavailable("overloaded").message(msg).retry_after(secs));
+    }
     let mode = *g.mode.borrow();
     match mode {
         Mode::Draining => return Err(Refusal::unavailable("draining")),
@@ -145,6 +153,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let started = std::time::Instant::now();
     let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant)).await;
     g.metrics.claim_seconds.observe(started.elapsed().as_secs_f64());
+    g.overload.observe(started.elapsed(), std::time::Instant::now());
     let accepted = match outcome {
         Ok(outcome) => {
             // A write that got no reply may still commit and name a connection that does not

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod handshake;
+pub mod overload;
 pub mod placement;
 pub mod registry;
 pub mod session;
@@ -41,6 +42,8 @@ pub struct Gate {
     pub cluster: Handle,
     /// Shared with the duty that keeps it at this node's share of the cluster budget.
     pub admission: Arc<admission::Admission>,
+    /// Sheds handshakes while claim commits are slow (`--overload-commit-ms`).
+    pub overload: overload::Overload,
     /// Per source address (`--source-rate`), checked first; None when off.
     pub sources: Option<admission::Keyed>,
     /// Per device (`--device-reconnects`), checked on handshakes once the token is verified.

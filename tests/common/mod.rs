@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod http;
+pub mod proxy;
 pub mod raw;
 pub mod status;
 pub mod ws;

@@ -1,0 +1,148 @@
+//! Overload-driven admission (issue 12, item 4): AIMD on the share of handshakes admitted, driven
+//! by claim commit latency. Each window (as long as the threshold, at least 250 ms) in which more
+//! than 1 % of the handshakes' claims took longer than the threshold (p99 above it) halves the
+//! share, down to 5 % (so claims keep measuring the store); a window without that adds 10 %, up
+//! to all. Refused handshakes get 503 `overloaded` + Retry-After. Pure over an injected
+//! `Instant`: it reads no clock of its own.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The smallest share admitted: probes that tell when latency comes back.
+pub const MIN_SHARE: f64 = 0.05;
+const DECREASE: f64 = 0.5;
+const INCREASE: f64 = 0.1;
+
+#[derive(Debug)]
+struct Window {
+    share: f64,
+    started: Instant,
+    samples: u64,
+    slow: u64,
+    /// Fractional admissions owed: each handshake adds `share`, one admission spends 1.
+    credit: f64,
+}
+
+/// The controller; `threshold` zero turns it off.
+#[derive(Debug)]
+pub struct Overload {
+    threshold: Duration,
+    window: Duration,
+    w: Mutex<Window>,
+}
+
+impl Overload {
+    pub fn new(threshold: Duration, now: Instant) -> Overload {
+        let window = threshold.max(Duration::from_millis(250));
+        Overload {
+            threshold,
+            window,
+            w: Mutex::new(Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0 }),
+        }
+    }
+
+    /// Closes the windows that ended by `now`: the one with samples decides down or up; each
+    /// later one, empty, adds [`INCREASE`].
+    fn roll(&self, w: &mut Window, now: Instant) {
+        let elapsed = now.saturating_duration_since(w.started);
+        if elapsed < self.window {
+            return;
+        }
+        let overloaded = w.slow > 0 && w.slow * 100 > w.samples;
+        w.share = if overloaded { (w.share * DECREASE).max(MIN_SHARE) } else { (w.share + INCREASE).min(1.0) };
+        let empty = (elapsed.as_nanos() / self.window.as_nanos()).saturating_sub(1).min(10) as f64;
+        w.share = (w.share + INCREASE * empty).min(1.0);
+        let into_current = Duration::from_nanos((elapsed.as_nanos() % self.window.as_nanos()) as u64);
+        w.started = now - into_current;
+        (w.samples, w.slow) = (0, 0);
+    }
+
+    /// A claim took `latency` to commit (or did not commit within it).
+    pub fn observe(&self, latency: Duration, now: Instant) {
+        if self.threshold.is_zero() {
+            return;
+        }
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, now);
+        w.samples += 1;
+        w.slow += u64::from(latency > self.threshold);
+    }
+
+    /// `Ok` to go on, or `Err(retry_after_secs)` for a 503 `overloaded`.
+    pub fn admit(&self, now: Instant) -> Result<(), u64> {
+        if self.threshold.is_zero() {
+            return Ok(());
+        }
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, now);
+        if w.share >= 1.0 {
+            return Ok(());
+        }
+        w.credit = (w.credit + w.share).min(1.0);
+        if w.credit >= 1.0 - 1e-9 {
+            w.credit -= 1.0;
+            Ok(())
+        } else {
+            Err(self.window.as_secs().max(1))
+        }
+    }
+
+    /// The share of handshakes admitted now (1.0: not overloaded).
+    pub fn share(&self, now: Instant) -> f64 {
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, now);
+        w.share
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_millis(500);
+
+    fn admitted(o: &Overload, n: usize, now: Instant) -> usize {
+        (0..n).filter(|_| o.admit(now).is_ok()).count()
+    }
+
+    #[test]
+    fn slow_commits_halve_the_share_and_fast_ones_bring_it_back() {
+        let t0 = Instant::now();
+        let o = Overload::new(T, t0);
+        assert_eq!(admitted(&o, 100, t0), 100, "not overloaded: everything passes");
+        // One window with its p99 above the threshold: the share halves, then halves again.
+        for k in 0..50 {
+            o.observe(if k % 10 == 0 { T * 2 } else { T / 10 }, t0);
+        }
+        assert_eq!(o.share(t0 + T), 0.5);
+        assert_eq!(admitted(&o, 100, t0 + T), 50);
+        o.observe(T * 3, t0 + T);
+        assert_eq!(o.share(t0 + 2 * T), 0.25);
+        assert_eq!(admitted(&o, 100, t0 + 2 * T), 25);
+        // It never sheds everything.
+        for k in 2..20 {
+            o.observe(T * 3, t0 + k * T);
+        }
+        assert_eq!(o.share(t0 + 20 * T), MIN_SHARE);
+        assert_eq!(admitted(&o, 100, t0 + 20 * T), 5);
+        assert_eq!(o.admit(t0 + 20 * T), Err(1));
+        // Fast windows (or none at all) add 10 % each: all back within 10 windows.
+        o.observe(T / 10, t0 + 20 * T);
+        assert!((o.share(t0 + 21 * T) - 0.15).abs() < 1e-9);
+        assert_eq!(o.share(t0 + 31 * T), 1.0);
+        assert_eq!(admitted(&o, 100, t0 + 31 * T), 100);
+    }
+
+    #[test]
+    fn a_p99_within_the_threshold_changes_nothing_and_zero_turns_it_off() {
+        let t0 = Instant::now();
+        let o = Overload::new(T, t0);
+        for k in 0..200 {
+            o.observe(if k == 0 { T * 2 } else { T / 2 }, t0); // 0.5 % slow
+        }
+        assert_eq!(o.share(t0 + T), 1.0);
+        let off = Overload::new(Duration::ZERO, t0);
+        off.observe(Duration::from_secs(60), t0);
+        assert_eq!(admitted(&off, 10, t0 + Duration::from_secs(1)), 10);
+    }
+}
