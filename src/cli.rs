@@ -282,6 +282,9 @@ pub struct ServeArgs {
     /// Snapshot and purge the log every this many entries [default: 10000].
     #[arg(long, env = "GATEWAY_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
+    /// Page cache of each store database (log, state) in MiB: bounds the store's memory [default: 256].
+    #[arg(long, env = "GATEWAY_STORE_CACHE_MIB")]
+    pub store_cache_mib: Option<u64>,
     /// Deadline for a write to commit [default: 5000].
     #[arg(long, env = "GATEWAY_PROPOSE_TIMEOUT_MS")]
     pub propose_timeout_ms: Option<u64>,
@@ -382,6 +385,7 @@ impl ServeArgs {
             heartbeat_ms: self.heartbeat_ms,
             max_voters: self.max_voters,
             snapshot_logs: self.snapshot_logs,
+            store_cache_mib: self.store_cache_mib,
             propose_timeout_ms: self.propose_timeout_ms,
             ping_ms: self.ping_ms,
             idle_ms: self.idle_ms,

@@ -50,6 +50,7 @@ pub struct FileConfig {
     pub heartbeat_ms: Option<u64>,
     pub max_voters: Option<usize>,
     pub snapshot_logs: Option<u64>,
+    pub store_cache_mib: Option<u64>,
     pub propose_timeout_ms: Option<u64>,
     pub ping_ms: Option<u64>,
     pub idle_ms: Option<u64>,
@@ -218,7 +219,13 @@ pub struct Config {
     pub backend_secret_file: Option<PathBuf>,
     pub timing: Timing,
     pub device: DeviceConfig,
+    /// Page cache of each redb database (log and state), in bytes: redb keeps read pages and
+    /// the pages of non-durable commits there, so it bounds the store's share of the node's memory.
+    pub store_cache_bytes: usize,
 }
+
+/// Default `store_cache_mib`: per database, so the store holds at most twice this.
+pub const DEFAULT_STORE_CACHE_MIB: u64 = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -318,7 +325,13 @@ impl Config {
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
             timing,
             device,
+            store_cache_bytes: 0,
         };
+        let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
+        if !(1..=1 << 20).contains(&cache_mib) {
+            return Err(ConfigError::Invalid(format!("store_cache_mib ({cache_mib}) must be in 1..=1048576")));
+        }
+        let cfg = Config { store_cache_bytes: (cache_mib << 20) as usize, ..cfg };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -514,12 +527,26 @@ mod tests {
     }
 
     #[test]
+    fn the_store_cache_is_bounded_and_in_bytes() {
+        let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+        assert_eq!(cfg.store_cache_bytes, (DEFAULT_STORE_CACHE_MIB << 20) as usize);
+        let set = FileConfig { store_cache_mib: Some(16), ..Default::default() };
+        assert_eq!(Config::merge(set, FileConfig::default()).unwrap().store_cache_bytes, 16 << 20);
+        for bad in [0, (1 << 20) + 1] {
+            let f = FileConfig { store_cache_mib: Some(bad), ..Default::default() };
+            let err = Config::merge(f, FileConfig::default()).unwrap_err().to_string();
+            assert!(err.contains("store_cache_mib"), "{err}");
+        }
+    }
+
+    #[test]
     fn example_config_is_valid() {
         let file: FileConfig = toml::from_str(include_str!("../deploy/gateway.example.toml")).unwrap();
         let cfg = Config::merge(FileConfig::default(), file).unwrap();
         assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
         let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
         assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
+        assert_eq!(cfg.store_cache_bytes, defaults.store_cache_bytes, "the example documents the defaults");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Prometheus metrics (`GET /metrics` on the cluster listener, unauthenticated). Counters are
-//! bumped where the event happens; Raft gauges are read from openraft's metrics at scrape time.
+//! bumped where the event happens; Raft gauges are read from openraft's metrics at scrape time;
+//! [`process`] reads the `gateway_process_*` figures from `/proc/self` at each scrape.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -7,6 +8,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+pub mod process;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -146,6 +149,7 @@ impl Default for Metrics {
         registry.register("live_nodes", "Nodes in the ring", m.live_nodes.clone());
         registry.register("routes", "Device routes in the applied state", m.routes.clone());
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
+        registry.register_collector(Box::new(process::ProcessCollector));
         Metrics { registry, ..m }
     }
 }

@@ -107,3 +107,31 @@ fn device_connects_is_routed_released_and_fenced() {
     assert_eq!((accepted, stale), (Some(4.0), Some(2.0)), "handshakes counted by result");
     drop(ws3);
 }
+
+/// Operators size nodes by `gateway_process_*`: the figures are this process's own (resident
+/// memory as the kernel counts it, one descriptor per held connection).
+#[test]
+fn process_metrics_follow_the_process() {
+    let (c, _) = Cluster::form(1, &[]);
+    let pid = c.nodes[0].pid().expect("pid");
+    let fds = |c: &Cluster| c.metric(0, "gateway_process_open_fds").expect("gateway_process_open_fds");
+    let before = fds(&c);
+    const HELD: usize = 20;
+    let held: Vec<_> = (0..HELD)
+        .map(|i| {
+            let device = format!("pm-{i}");
+            let mut ws = c.dial(0, "/ws?attempt=1", &Dial::token(&c.token(&device, 0))).open(&device);
+            ws.hello();
+            ws
+        })
+        .collect();
+    let during = fds(&c);
+    assert!(during >= before + HELD as f64, "{HELD} connections held: open fds {before} -> {during}");
+    let rss = common::raw::rss_bytes(pid) as f64;
+    let exported = c.metric(0, "gateway_process_resident_memory_bytes").expect("resident memory");
+    // Read a moment apart, so not equal; a wrong unit (pages, KiB) would be off by 4096x or 1024x.
+    assert!(exported > rss / 2.0 && exported < rss * 2.0, "exported RSS {exported}, /proc says {rss}");
+    assert!(c.metric(0, "gateway_process_cpu_seconds_total").is_some_and(|s| s > 0.0), "cpu seconds");
+    assert!(c.metric(0, "gateway_process_max_fds").is_some_and(|m| m >= during), "max fds");
+    drop(held);
+}

@@ -104,11 +104,12 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let (backend_secrets, backend_src) = secrets::BackendSecrets::load(cfg.backend_secret_file.as_deref(), dir)?;
     let member = Member { name: ident.name.clone(), cluster_addr: cfg.cluster_addr(), public_url: cfg.public_url() };
 
-    let dir = cfg.data_dir.clone();
-    let (log_db, (state_db, loaded)) =
-        tokio::task::spawn_blocking(move || -> Result<_, NodeError> { Ok((LogDb::open(&dir)?, StateDb::open(&dir)?)) })
-            .await
-            .map_err(|e| NodeError::Raft(e.to_string()))??;
+    let (dir, cache) = (cfg.data_dir.clone(), cfg.store_cache_bytes);
+    let (log_db, (state_db, loaded)) = tokio::task::spawn_blocking(move || -> Result<_, NodeError> {
+        Ok((LogDb::open(&dir, cache)?, StateDb::open(&dir, cache)?))
+    })
+    .await
+    .map_err(|e| NodeError::Raft(e.to_string()))??;
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
     let clock = Arc::new(ClusterClock::default());

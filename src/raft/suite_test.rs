@@ -14,8 +14,8 @@ struct RedbBuilder;
 impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = LogDb::open(dir.path()).expect("open log");
-        let (state, loaded) = StateDb::open(dir.path()).expect("open state");
+        let log = LogDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open log");
+        let (state, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open state");
         let (sm, _view) =
             StateMachine::new(state, loaded, Default::default(), Default::default()).expect("restore state");
         Ok((dir, LogStore::new(log, Default::default(), Default::default()), sm))
@@ -53,12 +53,12 @@ async fn applied_state_and_view_survive_a_reopen() {
         Entry { log_id: log_id(2), payload: EntryPayload::Normal(Request { cmds: vec![renew.into(), claim.into()] }) },
     ];
     {
-        let (db, loaded) = StateDb::open(dir.path()).unwrap();
+        let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
         let (mut sm, _view) = StateMachine::new(db, loaded, Default::default(), Default::default()).unwrap();
         let responses = sm.apply(entries).await.unwrap();
         assert_eq!(responses.iter().map(|r| r.replies.len()).collect::<Vec<_>>(), [0, 2]);
     }
-    let (db, loaded) = StateDb::open(dir.path()).unwrap();
+    let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
     let (mut sm, view) = StateMachine::new(db.clone(), loaded, Default::default(), Default::default()).unwrap();
     let (last, stored) = sm.applied_state().await.unwrap();
     assert_eq!(last, Some(log_id(2)));

@@ -29,8 +29,9 @@ pub struct LogDb {
 }
 
 impl LogDb {
-    pub fn open(dir: &Path) -> Result<LogDb, StoreError> {
-        let db = Database::create(dir.join("log.redb"))?;
+    /// Opens (or creates) `log.redb` in `dir` with a page cache of `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: usize) -> Result<LogDb, StoreError> {
+        let db = redb::Builder::new().set_cache_size(cache_bytes).create(dir.join("log.redb"))?;
         let txn = db.begin_write()?;
         txn.open_table(LOG)?;
         txn.open_table(META)?;

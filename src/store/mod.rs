@@ -7,6 +7,10 @@ pub mod log;
 mod schema;
 pub mod state;
 
+/// Page cache of a database opened by a unit test.
+#[cfg(test)]
+pub const TEST_CACHE_BYTES: usize = 8 << 20;
+
 use crate::codec::CodecError;
 
 /// Any failure of the embedded store. Fatal to the Raft node when it reaches openraft.

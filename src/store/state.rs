@@ -59,11 +59,11 @@ pub struct StateDb {
 }
 
 impl StateDb {
-    /// Opens (or creates) `state.redb` in `dir` and creates every table once. A file written in
-    /// another layout is refused (see [`STATE_FORMAT`]).
-    pub fn open(dir: &Path) -> Result<(StateDb, Loaded), StoreError> {
+    /// Opens (or creates) `state.redb` in `dir` with a page cache of `cache_bytes` and creates
+    /// every table once. A file written in another layout is refused (see [`STATE_FORMAT`]).
+    pub fn open(dir: &Path, cache_bytes: usize) -> Result<(StateDb, Loaded), StoreError> {
         let path = dir.join("state.redb");
-        let db = Database::create(&path)?;
+        let db = redb::Builder::new().set_cache_size(cache_bytes).create(&path)?;
         let txn = db.begin_write()?;
         for t in STATE_TABLES {
             t.create(&txn)?;

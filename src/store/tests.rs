@@ -40,7 +40,7 @@ impl Backend for RedbBackend {
     fn fresh() -> Self {
         let shm = std::path::Path::new("/dev/shm");
         let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
-        let (db, loaded) = StateDb::open(dir.path()).unwrap();
+        let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
         assert_eq!(loaded, Loaded::default());
         RedbBackend { dir, db }
     }
@@ -118,7 +118,7 @@ impl Backend for RedbBackend {
     fn reopen(self) -> (Self, State) {
         let RedbBackend { dir, db } = self;
         drop(db);
-        let (db, loaded) = StateDb::open(dir.path()).unwrap();
+        let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
         (RedbBackend { dir, db }, restore(loaded))
     }
 
@@ -205,15 +205,19 @@ fn a_state_file_of_another_layout_is_refused() {
     };
     // The layout before the table registry: no format key, `last_applied` in the meta.
     let old = write_meta("last_applied", &encode(&None::<u64>).unwrap());
-    let err = StateDb::open(old.path()).err().expect("an old layout is refused").to_string();
+    let err =
+        StateDb::open(old.path(), crate::store::TEST_CACHE_BYTES).err().expect("an old layout is refused").to_string();
     assert!(err.contains("an older one") && err.contains("fresh data dir"), "{err}");
     let newer = write_meta("format", &encode(&(super::state::STATE_FORMAT + 1)).unwrap());
-    let err = StateDb::open(newer.path()).err().expect("a newer layout is refused").to_string();
+    let err = StateDb::open(newer.path(), crate::store::TEST_CACHE_BYTES)
+        .err()
+        .expect("a newer layout is refused")
+        .to_string();
     assert!(err.contains(&format!("layout {}", super::state::STATE_FORMAT + 1)), "{err}");
     // A fresh file gets the format, and opens again.
     let fresh = tempfile::tempdir().unwrap();
-    drop(StateDb::open(fresh.path()).unwrap());
-    StateDb::open(fresh.path()).unwrap();
+    drop(StateDb::open(fresh.path(), crate::store::TEST_CACHE_BYTES).unwrap());
+    StateDb::open(fresh.path(), crate::store::TEST_CACHE_BYTES).unwrap();
 }
 
 #[test]

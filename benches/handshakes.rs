@@ -1,0 +1,369 @@
+//! Handshakes and idle connections against a bare reference, side by side on this machine:
+//! `cargo bench --bench handshakes`.
+//!
+//! The reference is a bare fastwebsockets + hyper 1 server (this bench re-executed with
+//! `HANDSHAKES_BENCH_BARE=1`, in its own process so its memory is its own): it upgrades every
+//! request and holds the connection, reading frames until the peer goes. Against it, a one-node
+//! gateway and a three-node gateway cluster (all nodes taking handshakes, `steer=off`):
+//!
+//! 1. **Handshakes/s**: C tasks (`HANDSHAKES_BENCH_C`, default 64) loop for
+//!    `HANDSHAKES_BENCH_SECS` (default 5): connect, send the upgrade (a device token and a growing
+//!    `attempt` for the gateway), read the `101` head, then close abortively (RST), so every
+//!    gateway handshake is one claim and one release. Admission control is opened wide
+//!    (`--admit-rate`, `--overload-commit-ms 0`): this measures capacity, not the shaping.
+//! 2. **Idle bytes per connection**: N connections (`HANDSHAKES_BENCH_IDLE`, default 2000) held on
+//!    one server process, resident memory before and after, divided by N. The gateway is
+//!    measured twice: with raw clients that never read (as for the reference) and with the
+//!    project's own client (`gateway::client::device`, which answers pings).
+//!
+//! Prints a table and a JSON line; asserts nothing.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{loadavg, rss, Cluster};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BARE_ROLE: &str = "HANDSHAKES_BENCH_BARE";
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+const NODE_ARGS: [&str; 8] =
+    ["--admit-rate", "1000000", "--admit-burst", "100000", "--overload-commit-ms", "0", "--lease-ms", "10000"];
+
+fn env_or(key: &str, default: u64) -> u64 {
+    std::env::var(key).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    if std::env::var_os(BARE_ROLE).is_some() {
+        return bare::serve();
+    }
+    let secs = env_or("HANDSHAKES_BENCH_SECS", 5);
+    let conc = env_or("HANDSHAKES_BENCH_C", 64) as usize;
+    let idle = env_or("HANDSHAKES_BENCH_IDLE", 2000) as usize;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let (fsync_us, rtt_us) = support::floor(500);
+    println!(
+        "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {} cpus, loadavg {}; \
+         floor: fdatasync p50 {fsync_us:.0} us, loopback round trip p50 {rtt_us:.0} us",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg()
+    );
+    let header = format!(
+        "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>14} | {:>6} | errors",
+        "server", "handshakes/s", "p50 ms", "p99 ms", "ratio", "idle B/conn", "ratio"
+    );
+    println!("{header}\n{}", "-".repeat(header.len() + 8));
+    let mut rows = Vec::new();
+
+    // The reference: idle connections first, on a fresh process (memory freed by churn would be
+    // reused and understate them), then handshakes.
+    let (mut child, addr) = bare::spawn();
+    let targets = vec![Target { addr, secret: None }];
+    let bare_bytes = rt.block_on(idle_raw(&targets, child.id(), idle, "bare"));
+    let hs = rt.block_on(handshakes(&targets, conc, secs, "bare"));
+    let bare_rate = hs.rate();
+    rows.push(row("bare fastwebsockets", &hs, Some(bare_bytes), bare_rate, bare_bytes));
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Idle connections on fresh one-node gateways: raw clients, then the project's client.
+    let one = |rt: &tokio::runtime::Runtime| {
+        let c = Cluster::form(rt, "handshakes", 1, &NODE_ARGS);
+        let t = vec![Target {
+            addr: c.nodes[0].public_addr.parse().expect("node address"),
+            secret: Some(c.device_secret.clone()),
+        }];
+        (c, t)
+    };
+    let (c, t) = one(&rt);
+    let raw = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
+    let hs = rt.block_on(handshakes(&t, conc, secs, "c1"));
+    rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
+    drop(c);
+    let (c, t) = one(&rt);
+    let client = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "client"));
+    rows.push(row("gateway 1 node, client idle", &Run::default(), Some(client), bare_rate, bare_bytes));
+    drop(c);
+
+    // Handshakes on a three-node cluster, every node taking its share.
+    let c = Cluster::form(&rt, "handshakes", 3, &NODE_ARGS);
+    let t: Vec<Target> = c
+        .nodes
+        .iter()
+        .map(|n| Target { addr: n.public_addr.parse().expect("node address"), secret: Some(c.device_secret.clone()) })
+        .collect();
+    let hs = rt.block_on(handshakes(&t, conc, secs, "c3"));
+    rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
+    drop(c);
+    println!(
+        "{}",
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs, "idle": idle, "rows": rows})
+    );
+}
+
+/// Prints one table row and returns it as JSON.
+fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes: u64) -> serde_json::Value {
+    let ratio = |a: f64, b: f64| if b > 0.0 && a > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+    let rate = hs.rate();
+    let errors = hs.errors.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ");
+    println!(
+        "{name:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>14} | {:>6} | {}",
+        if hs.ok > 0 { format!("{rate:.0}") } else { "-".into() },
+        hs.pct(0.50).map_or("-".into(), |v| format!("{v:.2}")),
+        hs.pct(0.99).map_or("-".into(), |v| format!("{v:.2}")),
+        ratio(rate, bare_rate),
+        idle_bytes.map_or("-".into(), |b| b.to_string()),
+        ratio(idle_bytes.unwrap_or(0) as f64, bare_bytes as f64),
+        if errors.is_empty() { "0" } else { &errors }
+    );
+    json!({"server": name, "handshakes_per_s": rate, "p50_ms": hs.pct(0.5), "p99_ms": hs.pct(0.99),
+           "idle_bytes_per_conn": idle_bytes, "errors": hs.errors})
+}
+
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    /// Device secret: mint a token per device (the gateway); None for the bare server.
+    secret: Option<String>,
+}
+
+impl Target {
+    fn request(&self, device: &str, attempt: u64) -> String {
+        let auth = match &self.secret {
+            Some(s) => {
+                let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                let token = gateway::token::mint(s.as_bytes(), device, 0, exp + 3600).expect("mint token");
+                format!("Authorization: Bearer {token}\r\n")
+            }
+            None => String::new(),
+        };
+        format!(
+            "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{auth}\r\n",
+            self.addr
+        )
+    }
+}
+
+#[derive(Default)]
+struct Run {
+    ok: u64,
+    elapsed: Duration,
+    lat_us: Vec<u64>,
+    errors: BTreeMap<String, u64>,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        if self.elapsed.is_zero() {
+            0.0
+        } else {
+            self.ok as f64 / self.elapsed.as_secs_f64()
+        }
+    }
+
+    fn pct(&self, q: f64) -> Option<f64> {
+        let n = self.lat_us.len();
+        (n > 0).then(|| self.lat_us[((n - 1) as f64 * q).round() as usize] as f64 / 1000.0)
+    }
+}
+
+/// Connects and upgrades: the open stream once the `101` head is read, or why not.
+async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
+    let mut s = tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(t.addr))
+        .await
+        .map_err(|_| "connect_timeout".to_string())?
+        .map_err(|_| "connect".to_string())?;
+    s.write_all(request.as_bytes()).await.map_err(|_| "write".to_string())?;
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(STEP_TIMEOUT, s.read(&mut buf))
+            .await
+            .map_err(|_| "read_timeout".to_string())?
+            .map_err(|_| "read".to_string())?;
+        if n == 0 {
+            return Err("eof".into());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    match head.get(9..12) {
+        Some(b"101") => Ok(s),
+        Some(code) => Err(String::from_utf8_lossy(code).into_owned()),
+        None => Err("short".into()),
+    }
+}
+
+/// C tasks looping handshake + abortive close for `secs` over `targets` (task i on i mod n).
+async fn handshakes(targets: &[Target], conc: usize, secs: u64, tag: &str) -> Run {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..conc)
+        .map(|i| {
+            let t = targets[i % targets.len()].clone();
+            let device = format!("hs-{tag}-{i}");
+            tokio::spawn(async move {
+                let mut run = Run::default();
+                let mut attempt = 0;
+                while Instant::now() < until {
+                    attempt += 1;
+                    let req = t.request(&device, attempt);
+                    let t0 = Instant::now();
+                    match upgrade(&t, &req).await {
+                        Ok(s) => {
+                            run.lat_us.push(t0.elapsed().as_micros() as u64);
+                            run.ok += 1;
+                            // A zero linger resets at once (it is a non-zero one that blocks on drop).
+                            #[allow(deprecated)]
+                            let _ = s.set_linger(Some(Duration::ZERO));
+                        }
+                        Err(e) => *run.errors.entry(e).or_default() += 1,
+                    }
+                }
+                run
+            })
+        })
+        .collect();
+    let mut all = Run::default();
+    for t in tasks {
+        let r = t.await.expect("handshake task");
+        all.ok += r.ok;
+        all.lat_us.extend(r.lat_us);
+        for (k, v) in r.errors {
+            *all.errors.entry(k).or_default() += v;
+        }
+    }
+    all.elapsed = start.elapsed();
+    all.lat_us.sort_unstable();
+    all
+}
+
+/// Resident memory of `pid` once it has settled (two readings 300 ms apart within 1 %).
+async fn settled_rss(pid: u32) -> u64 {
+    let mut last = rss(pid);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = rss(pid);
+        if now.abs_diff(last) * 100 <= last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Holds `n` raw upgraded connections that never read; bytes of `pid`'s RSS per connection.
+async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
+    let before = settled_rss(pid).await;
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = &targets[i % targets.len()];
+        match upgrade(t, &t.request(&format!("idle-{tag}-{i}"), 1)).await {
+            Ok(s) => held.push(s),
+            Err(e) => panic!("idle connection {i}: {e}"),
+        }
+    }
+    let after = settled_rss(pid).await;
+    drop(held);
+    after.saturating_sub(before) / n as u64
+}
+
+/// Holds `n` devices on the project's client; bytes of `pid`'s RSS per connection.
+async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
+    use gateway::client::device::{Device, DeviceConfig, Event, MemoryStore};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let before = settled_rss(pid).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let up = Arc::new(AtomicUsize::new(0));
+    let secret = targets[0].secret.clone().expect("a gateway target");
+    for i in 0..n {
+        let t = &targets[i % targets.len()];
+        let device = format!("idlec-{tag}-{i}");
+        let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let token = gateway::token::mint(secret.as_bytes(), &device, 0, exp + 3600).expect("mint token");
+        let cfg = DeviceConfig::new(&format!("ws://{}", t.addr), &device, &token, 0);
+        let (up, stop) = (up.clone(), stop.clone());
+        tokio::spawn(async move {
+            let events = move |e: Event| {
+                if matches!(e, Event::Connected { .. }) {
+                    up.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            Device::new(cfg, Box::new(MemoryStore::new(0))).run(events, stop).await
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while up.load(Ordering::Relaxed) < n {
+        assert!(Instant::now() < deadline, "only {} of {n} devices connected", up.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = settled_rss(pid).await;
+    stop.cancel();
+    after.saturating_sub(before) / n as u64
+}
+
+/// The reference server.
+mod bare {
+    use super::*;
+    use fastwebsockets::{upgrade, OpCode, WebSocketError};
+    use http_body_util::Empty;
+    use hyper::body::{Bytes, Incoming};
+    use hyper::server::conn::http1;
+    use hyper::service::service_fn;
+    use hyper::{Request, Response};
+    use hyper_util::rt::TokioIo;
+    use std::io::BufRead;
+
+    /// Starts this bench as the bare server; returns the child and its address.
+    pub fn spawn() -> (Child, SocketAddr) {
+        let mut child = Command::new(std::env::current_exe().expect("current exe"))
+            .env(BARE_ROLE, "1")
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn bare server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read address");
+        (child, line.trim().parse().expect("bare server address"))
+    }
+
+    async fn hold(fut: upgrade::UpgradeFut) -> Result<(), WebSocketError> {
+        let mut ws = fut.await?;
+        loop {
+            let frame = ws.read_frame().await?;
+            if frame.opcode == OpCode::Close {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn handle(mut req: Request<Incoming>) -> Result<Response<Empty<Bytes>>, WebSocketError> {
+        let (response, fut) = upgrade::upgrade(&mut req)?;
+        tokio::spawn(async move {
+            let _ = hold(fut).await;
+        });
+        Ok(response)
+    }
+
+    pub fn serve() {
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            println!("{}", listener.local_addr().expect("addr"));
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                tokio::spawn(async move {
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(handle));
+                    let _ = conn.with_upgrades().await;
+                });
+            }
+        });
+    }
+}

@@ -1,0 +1,325 @@
+//! What the benches share: a cluster of real `gateway` processes on loopback ephemeral ports
+//! (killed on drop, also on panic), `/metrics` scraping, and the machine figures printed beside
+//! each result (load average, resident memory of a pid).
+
+#![allow(dead_code)] // each bench uses its own subset
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gateway::http::HttpClient;
+use serde_json::Value;
+
+pub const SETTLE_BOUND: Duration = Duration::from_secs(60);
+
+/// The gateway binary: `GATEWAY_BENCH_BIN` (to compare another build side by side) or this one.
+pub fn gateway_bin() -> PathBuf {
+    std::env::var_os("GATEWAY_BENCH_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gateway")), PathBuf::from)
+}
+
+pub struct NodeProc {
+    pub name: String,
+    pub cluster_addr: String,
+    /// The device listener, `127.0.0.1:port`.
+    pub public_addr: String,
+    pub pid: u32,
+    stderr: PathBuf,
+}
+
+/// Owns the temp dir and every child: all are killed on drop (also while panicking); the dir is
+/// removed unless a panic is unwinding, in which case it is kept and each node's stderr tail printed.
+pub struct Cluster {
+    dir: PathBuf,
+    pub secret: String,
+    pub secret_file: PathBuf,
+    /// Device token secret (`--device-secret-file`).
+    pub device_secret: String,
+    pub device_secret_file: PathBuf,
+    pub nodes: Vec<NodeProc>,
+    children: Vec<Child>,
+    pub started: Instant,
+    /// Flags given to every node.
+    args: Vec<String>,
+}
+
+impl Cluster {
+    /// A cluster whose nodes get `args`, then the flags in `BENCH_NODE_ARGS` (whitespace-separated,
+    /// to compare settings without editing the bench).
+    pub fn new(tag: &str, args: &[&str]) -> Cluster {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("gateway-bench-{tag}-{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&dir).expect("create bench temp dir");
+        let secret = random_hex(64, nanos as u64);
+        let device_secret = random_hex(64, (nanos as u64).rotate_left(17));
+        let secret_file = dir.join("cluster.secret");
+        let device_secret_file = dir.join("device.secret");
+        fs::write(&secret_file, format!("{secret}\n")).expect("write secret");
+        fs::write(&device_secret_file, format!("{device_secret}\n")).expect("write device secret");
+        #[cfg(unix)]
+        for f in [&secret_file, &device_secret_file] {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = fs::set_permissions(f, fs::Permissions::from_mode(0o600));
+        }
+        Cluster {
+            dir,
+            secret,
+            secret_file,
+            device_secret,
+            device_secret_file,
+            nodes: Vec::new(),
+            children: Vec::new(),
+            started: Instant::now(),
+            args: args
+                .iter()
+                .map(|s| s.to_string())
+                .chain(std::env::var("BENCH_NODE_ARGS").unwrap_or_default().split_whitespace().map(String::from))
+                .collect(),
+        }
+    }
+
+    /// Starts `count` nodes: n1 bootstraps, the others start `--standby` and are joined with the
+    /// CLI; returns once all are live voters with a leader.
+    pub fn form(rt: &tokio::runtime::Runtime, tag: &str, count: usize, args: &[&str]) -> Cluster {
+        let mut c = Cluster::new(tag, args);
+        for i in 1..=count {
+            c.spawn(rt, &format!("n{i}"));
+        }
+        for i in 1..count {
+            let out = c.cli(&["join", "--cluster", &c.nodes[0].cluster_addr, "--node", &c.nodes[i].cluster_addr]);
+            assert!(out.0 == Some(0), "join {} failed: {out:?}", c.nodes[i].name);
+        }
+        let start = Instant::now();
+        loop {
+            match c.settled(count) {
+                Ok(_) => break,
+                Err(e) if start.elapsed() > SETTLE_BOUND => panic!("cluster did not settle: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+        c
+    }
+
+    /// Starts `name` (the first one bootstraps, the others wait `--standby`) and waits for `/healthz`.
+    pub fn spawn(&mut self, rt: &tokio::runtime::Runtime, name: &str) {
+        let cluster_addr = format!("127.0.0.1:{}", free_port());
+        let public_addr = format!("127.0.0.1:{}", free_port());
+        let data = self.dir.join(name);
+        let stderr = self.dir.join(format!("{name}.log"));
+        let log = File::create(&stderr).expect("create node log");
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(["serve", "--name", name, "--listen", &public_addr, "--cluster-listen", &cluster_addr])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--cluster-secret-file")
+            .arg(&self.secret_file)
+            .arg("--device-secret-file")
+            .arg(&self.device_secret_file)
+            .args(&self.args);
+        if !self.nodes.is_empty() {
+            cmd.arg("--standby");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(log.try_clone().expect("dup log"))).stderr(Stdio::from(log));
+        scrub_env(&mut cmd);
+        let child = cmd.spawn().expect("spawn gateway");
+        let pid = child.id();
+        self.children.push(child);
+        self.nodes.push(NodeProc {
+            name: name.to_string(),
+            cluster_addr: cluster_addr.clone(),
+            public_addr,
+            pid,
+            stderr,
+        });
+        let client = HttpClient::new(self.secret.as_bytes());
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.children.last_mut().expect("just pushed").try_wait() {
+                panic!("{name} exited during startup: {st}");
+            }
+            let r = rt.block_on(client.get(&cluster_addr, "/healthz", Duration::from_secs(2)));
+            if matches!(r, Ok((s, _)) if s.as_u16() == 200) {
+                break;
+            }
+            assert!(start.elapsed() < SETTLE_BOUND, "{name} not healthy on {cluster_addr}: {r:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs `gateway <args> --cluster-secret-file F`: (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let mut cmd = Command::new(gateway_bin());
+        cmd.args(args).arg("--cluster-secret-file").arg(&self.secret_file).stdin(Stdio::null());
+        scrub_env(&mut cmd);
+        let out = cmd.output().expect("run gateway CLI");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn status(&self, via: usize) -> Result<Value, String> {
+        let (code, out, err) = self.cli(&["status", "--cluster", &self.nodes[via].cluster_addr, "--json"]);
+        if code != Some(0) {
+            return Err(format!("status exit {code:?}: {err}"));
+        }
+        serde_json::from_str(&out).map_err(|e| format!("status json: {e}: {out}"))
+    }
+
+    /// The leader's cluster address once `count` voters are all live, from n1's point of view.
+    pub fn settled(&self, count: usize) -> Result<String, String> {
+        let s = self.status(0)?;
+        let members = s["members"].as_array().ok_or("no members")?;
+        let voters = members.iter().filter(|m| m["role"] == "voter").count();
+        let live = members.iter().filter(|m| m["state"] == "live").count();
+        if voters != count || live != count || members.len() != count {
+            return Err(format!("{voters} voters, {live} live of {}", members.len()));
+        }
+        self.leader_of(&s)
+    }
+
+    pub fn leader(&self) -> Result<String, String> {
+        self.leader_of(&self.status(0)?)
+    }
+
+    fn leader_of(&self, s: &Value) -> Result<String, String> {
+        let id = s["leader"]["id"].as_u64().ok_or("no leader")?;
+        let members = s["members"].as_array().ok_or("no members")?;
+        let m = members.iter().find(|m| m["id"].as_u64() == Some(id)).ok_or("leader not a member")?;
+        m["cluster_addr"].as_str().map(str::to_string).ok_or_else(|| "leader has no cluster_addr".to_string())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("[bench] failed; kept {}", self.dir.display());
+            for n in &self.nodes {
+                eprintln!("----- {} ({}) -----\n{}", n.name, n.stderr.display(), tail(&n.stderr, 40));
+            }
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// `GET /metrics` (unauthenticated Prometheus text) as series -> value; labels stay in the key.
+pub async fn scrape(addr: &str) -> HashMap<String, f64> {
+    let client = HttpClient::new(b"unused");
+    let (status, body) =
+        client.get(addr, "/metrics", Duration::from_secs(5)).await.unwrap_or_else(|e| panic!("scrape {addr}: {e}"));
+    assert!(status.is_success(), "scrape {addr}: {status}");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+pub fn loadavg() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Resident memory of `pid` in bytes (`VmRSS`), 0 if unreadable.
+pub fn rss(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
+}
+
+/// Children must not pick up GATEWAY_* settings from the environment running the bench.
+fn scrub_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GATEWAY_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else { return String::new() };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(32 * 1024)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `chars` hex digits from a seeded xorshift64* (a bench secret, not a production one).
+pub fn random_hex(chars: usize, seed: u64) -> String {
+    let mut x = (seed ^ u64::from(std::process::id()).rotate_left(32)) | 1;
+    (0..chars)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            char::from_digit((x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 60) as u32, 16).expect("nibble")
+        })
+        .collect()
+}
+
+/// The physical floor of a claim on this machine, printed beside the results: the median of
+/// `rounds` 4 KiB write + fdatasync in the directory the nodes write to, and of `rounds` one-byte
+/// TCP round trips over loopback (no Nagle), in microseconds.
+pub fn floor(rounds: usize) -> (f64, f64) {
+    use std::io::Write;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let path = std::env::temp_dir().join(format!("gateway-bench-fsync-{}", std::process::id()));
+    let mut f = File::create(&path).expect("create fsync probe file");
+    let block = [0x5au8; 4096];
+    let fsync: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&block).expect("write probe");
+            f.sync_data().expect("fdatasync probe");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let _ = fs::remove_file(&path);
+
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
+    let addr = listener.local_addr().expect("echo addr");
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept echo");
+        let mut b = [0u8; 1];
+        while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
+    });
+    let mut s = std::net::TcpStream::connect(addr).expect("connect echo");
+    s.set_nodelay(true).expect("nodelay");
+    let mut b = [1u8; 1];
+    let rtt: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            s.write_all(&b).expect("echo write");
+            s.read_exact(&mut b).expect("echo read");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    drop(s);
+    let _ = echo.join();
+    (median(fsync), median(rtt))
+}
