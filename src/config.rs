@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod upstream;
+
 /// The largest `max_payload_bytes` allowed. A published message is one Raft log entry that every
 /// node writes and fsyncs, and lease renewals wait behind the entries in flight: at 16 MiB a few
 /// publishes held renewals for seconds and fenced nodes (tests/cluster_big_entries.rs). One such
@@ -73,6 +75,8 @@ pub struct FileConfig {
     pub max_payload_bytes: Option<usize>,
     pub idempotency_ms: Option<u64>,
     pub idempotency_keys: Option<u64>,
+    /// The `[upstream]` table (device `up` delivery).
+    pub upstream: Option<upstream::UpstreamFile>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -218,6 +222,7 @@ pub struct Config {
     pub backend_secret_file: Option<PathBuf>,
     pub timing: Timing,
     pub device: DeviceConfig,
+    pub upstream: upstream::UpstreamConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -318,6 +323,7 @@ impl Config {
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
             timing,
             device,
+            upstream: upstream::UpstreamConfig::merge(flags.upstream, file.upstream)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -520,6 +526,7 @@ mod tests {
         assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
         let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
         assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
+        assert_eq!(cfg.upstream, defaults.upstream, "the example documents the defaults");
     }
 
     #[test]

@@ -22,6 +22,9 @@
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
 //!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing).
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline).
+//! - [`upstream`] device → backend delivery of `up` frames: in-flight bounds, one deadline per
+//!   up, safe retries within a retry budget, a circuit breaker per endpoint (pure `breaker` and
+//!   `budget`); the session only hands ups over and writes the answers.
 //! - [`ring`] virtual-node consistent hash over live nodes, on the `hashring` crate.
 //! - [`protocol`] every device wire frame and the close codes (shared by server and client).
 //! - [`token`] device tokens (HS256 JWT): mint and verify; [`secrets`] secret files and env.
@@ -68,6 +71,7 @@ pub mod server;
 pub mod store;
 pub mod token;
 pub mod tools;
+pub mod upstream;
 pub mod view;
 pub mod wire;
 pub mod ws;
