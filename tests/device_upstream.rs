@@ -80,9 +80,19 @@ fn ups_are_acked_exactly_on_2xx_with_one_key_per_up() {
     assert!(got.values().all(|(_, v)| v["t"] == "up_ack"), "{got:?}");
     let seen = backend.seen();
     let keys: BTreeSet<_> = seen.iter().filter_map(|s| s.key.clone()).collect();
-    assert_eq!(keys, (1..=4).map(|i| format!("d1:{i}")).collect(), "one key per up");
+    assert_eq!(keys, (1..=4).map(|i| format!("d1:{i}")).collect::<BTreeSet<_>>(), "one key per up");
     let body = &seen.iter().find(|s| s.key.as_deref() == Some("d1:2")).unwrap().body;
     assert_eq!(body, &json!({"device": "d1", "tenant": null, "id": 2, "payload": {"n": 2}}));
+
+    // A burst far beyond the device's bound of 4: every up is answered (acked, or overloaded at
+    // once), none dropped, however the answers and the new ups interleave.
+    for id in 100..140 {
+        up(&ws, id, json!({"n": id}));
+    }
+    let burst = answers(&mut ws, 40, bound);
+    note("d1", &burst);
+    assert!(burst.values().all(|(_, v)| v["t"] == "up_ack" || v["reason"] == "overloaded"), "{burst:?}");
+    assert!(burst.values().any(|(_, v)| v["t"] == "up_ack"), "{burst:?}");
 
     // 2. A flaky phase: 503 for a while, then healthy; the device retries nacked ids. Acked ids
     // are exactly the keys the backend answered 2xx to, and every request of an id has its key.

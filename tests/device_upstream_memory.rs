@@ -73,11 +73,14 @@ fn a_silent_backend_and_many_senders_keep_memory_bounded() {
     for round in 0..ROUNDS {
         // Each device sends twice its bound: half of it is refused at once, and the node's bound
         // refuses most of the rest.
+        let sending = Instant::now();
+        let overloaded_before = overloaded;
         for ws in &fleet {
             for k in 0..2 * PER_DEVICE {
                 ws.send_json(&json!({"t": "up", "id": round * 100 + k, "payload": {"blob": blob}})).expect("send");
             }
         }
+        let sent_in = sending.elapsed();
         peak_in_flight = peak_in_flight.max(in_flight());
         peak_rss = peak_rss.max(rss_bytes(pid));
         let bound = Duration::from_millis(DEADLINE_MS) + SLACK;
@@ -95,6 +98,12 @@ fn a_silent_backend_and_many_senders_keep_memory_bounded() {
             answered += got;
         }
         peak_rss = peak_rss.max(rss_bytes(pid));
+        // Sent faster than any up could end (the backend never answers): at most the node's bound
+        // was admitted this round, the rest refused at once.
+        let admitted = 2 * PER_DEVICE * devices as u64 - (overloaded - overloaded_before);
+        if sent_in < Duration::from_millis(1000) {
+            assert!(admitted <= MAX_IN_FLIGHT, "round {round}: {admitted} admitted, bound {MAX_IN_FLIGHT}");
+        }
     }
     let grown = peak_rss.saturating_sub(baseline);
     let limit = MAX_IN_FLIGHT * (PAYLOAD_BYTES as u64 + PER_UP_ALLOWANCE) + SLACK_BYTES;

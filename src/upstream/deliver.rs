@@ -61,7 +61,6 @@ pub(super) async fn deliver(up: &Upstream, key: &str, body: Bytes) -> Outcome {
                 up.metrics.upstream_budget_exhausted.inc();
                 return Outcome::nack("retry_budget_exhausted", later);
             }
-            up.metrics.upstream_retries.inc();
         }
         let (i, probe) = match up.pick() {
             Ok(p) => p,
@@ -69,6 +68,8 @@ pub(super) async fn deliver(up: &Upstream, key: &str, body: Bytes) -> Outcome {
         };
         if tries == 0 {
             up.budget.lock().expect("budget lock").deposit(up.now_ms());
+        } else {
+            up.metrics.upstream_retries.inc();
         }
         tries += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());

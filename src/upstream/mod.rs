@@ -91,12 +91,20 @@ pub struct Lane {
     device: String,
     tenant: Option<String>,
     slots: Arc<Semaphore>,
-    replies: mpsc::Sender<ServerFrame>,
+    replies: mpsc::Sender<Answer>,
+}
+
+/// An up's answer on its way to the device. It holds the up's slot of the device's bound until
+/// the session takes it, so the ups in flight plus the answers not yet taken never exceed the
+/// lane's capacity: queuing an answer never fails while the session lives.
+pub struct Answer {
+    pub frame: ServerFrame,
+    _slot: OwnedSemaphorePermit,
 }
 
 /// What a delivery task holds until its answer is on the lane.
 struct Held {
-    _device: OwnedSemaphorePermit,
+    device: OwnedSemaphorePermit,
     _node: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
     bytes: usize,
@@ -147,9 +155,9 @@ impl Upstream {
     }
 
     /// A lane for one session: answers arrive on the receiver. Its capacity is the device's
-    /// in-flight bound, and a task holds its slot until its answer is queued, so queuing an
-    /// answer never waits.
-    pub fn lane(&self, device: &str, tenant: Option<String>) -> (Lane, mpsc::Receiver<ServerFrame>) {
+    /// in-flight bound, and an up's slot is freed only when the session takes its [`Answer`], so
+    /// queuing an answer never waits or fails.
+    pub fn lane(&self, device: &str, tenant: Option<String>) -> (Lane, mpsc::Receiver<Answer>) {
         let n = self.cfg.max_in_flight_per_device;
         let (replies, rx) = mpsc::channel(n);
         (Lane { device: device.to_string(), tenant, slots: Arc::new(Semaphore::new(n)), replies }, rx)
@@ -187,7 +195,7 @@ impl Upstream {
         let device = lane.slots.clone().try_acquire_owned().map_err(|_| busy())?;
         let node = self.slots.clone().try_acquire_owned().map_err(|_| busy())?;
         let bytes = self.bytes.clone().try_acquire_many_owned(payload.len().max(1) as u32).map_err(|_| busy())?;
-        let held = Held { _device: device, _node: node, _bytes: bytes, bytes: payload.len() };
+        let held = Held { device, _node: node, _bytes: bytes, bytes: payload.len() };
         let body = Bytes::from(body(&lane.device, lane.tenant.as_deref(), id, &payload));
         let key = format!("{}:{id}", lane.device);
         self.metrics.ups_in_flight.inc();
@@ -195,6 +203,9 @@ impl Upstream {
         let (me, replies) = (self.clone(), lane.replies.clone());
         let span = tracing::debug_span!("up", device = %lane.device, id);
         let task = async move {
+            // Moved in whole (a block using only some fields would capture only those, and the
+            // node's and the bytes' permits would go back at once).
+            let Held { device, _node, _bytes, bytes } = held;
             let outcome = tokio::select! {
                 o = deliver::deliver(&me, &key, body) => o,
                 _ = me.stop.cancelled() => Outcome::nack("shutting_down", Some(me.cfg.backoff_cap_ms)),
@@ -203,11 +214,11 @@ impl Upstream {
             if let Outcome::Nack { reason, status, .. } = &outcome {
                 tracing::debug!(reason, status, "up nacked");
             }
-            // Fails only when the session is gone: the device retries the same id on its next one.
-            let _ = replies.try_send(outcome.frame(id));
             me.metrics.ups_in_flight.dec();
-            me.metrics.ups_in_flight_bytes.dec_by(held.bytes as i64);
-            drop(held);
+            me.metrics.ups_in_flight_bytes.dec_by(bytes as i64);
+            drop((_node, _bytes));
+            // Fails only when the session is gone: the device retries the same id on its next one.
+            let _ = replies.try_send(Answer { frame: outcome.frame(id), _slot: device });
         };
         self.tasks.spawn(tracing::Instrument::instrument(task, span));
         Ok(())

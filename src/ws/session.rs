@@ -19,14 +19,14 @@ use tokio::sync::mpsc;
 use super::registry::{Control, Mailbox};
 use super::stream::StreamCursor;
 use crate::protocol::{close, ClientFrame, ServerFrame};
-use crate::upstream::{Lane, Upstream};
+use crate::upstream::{Answer, Lane, Upstream};
 
 /// The session's way to the backend: `up` frames are handed to `service` on `lane`; answers
 /// come back on `answers` (bounded by the device's in-flight limit) and are written in turn.
 pub struct Ups {
     pub service: Arc<Upstream>,
     pub lane: Lane,
-    pub answers: mpsc::Receiver<ServerFrame>,
+    pub answers: mpsc::Receiver<Answer>,
 }
 
 /// Per-session limits.
@@ -160,7 +160,8 @@ pub async fn run(
                     _ => break,
                 },
             },
-            Some(answer) = up_answers.recv() => vec![text(answer.to_json())],
+            // Taking the answer frees its slot of the device's in-flight bound.
+            Some(answer) = up_answers.recv() => vec![text(answer.frame.to_json())],
             _ = ping.tick() => {
                 let idle = (started.elapsed().as_millis() as u64).saturating_sub(last_seen_ms.load(Ordering::Relaxed));
                 if idle > cfg.idle_ms {
