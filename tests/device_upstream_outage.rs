@@ -3,7 +3,8 @@
 //!   nacked within its deadline, and the backend sees at most 1.1 × the intents plus the retry
 //!   budget's floor (min retries/s × the windows the run spans), though each up may try 3 times;
 //! - the breaker opens after N consecutive failures (ups then nacked at once, with retry_after_ms,
-//!   reaching no backend), half-opens after breaker_open_ms, and its probe closes it;
+//!   reaching no backend), half-opens after breaker_open_ms, and its probe closes it; of two
+//!   backends the failing one is ejected after 3 failures while the other takes every up;
 //! - a hanging backend never holds an up past its deadline: each nack arrives within
 //!   deadline + slack, the slack derived from the knobs (one scheduling quantum per try) plus the
 //!   loaded machine's allowance.
@@ -216,4 +217,37 @@ fn a_hanging_upstream_never_holds_an_up_past_its_deadline() {
     assert!(worst >= Duration::from_millis(DEADLINE_MS), "the backend really hung, to the deadline: {worst:?}");
     assert!(exceeded >= 48.0, "every up reached its deadline: {exceeded}");
     assert_eq!(c.metric(0, "gateway_ups_in_flight").unwrap_or(-1.0), 0.0, "nothing left in flight");
+}
+
+#[test]
+fn a_failing_upstream_among_several_is_ejected_and_the_others_take_its_ups() {
+    let bad = Upstream::start(Behave::Status(503));
+    let good = Upstream::start(Behave::Ok);
+    let urls = format!("{},{}", bad.url(), good.url());
+    let (c, mut devices) = node(&urls, &["--upstream-breaker-failures", "3", "--upstream-breaker-open-ms", "60000"]);
+    let ws = &mut devices[0];
+    let bound = Duration::from_millis(DEADLINE_MS) + SLACK;
+    // Round robin: ups that meet the failing backend are retried on the healthy one (within the
+    // budget); after 3 consecutive failures the failing one is ejected and gets nothing more.
+    let mut acked = 0;
+    for id in 1..=40 {
+        up(ws, id);
+        let v = answers(ws, 1, bound).remove(&id).unwrap().1;
+        acked += usize::from(v["t"] == "up_ack");
+    }
+    let bad_tries = bad.count();
+    let label = format!("upstream=\"{}\"", bad.addr);
+    let ejected = c.metric_labeled(0, "gateway_upstream_breaker_state", &label);
+    println!(
+        "[upstream] ejection: {acked}/40 acked, the failing backend saw {bad_tries} tries, the healthy one {}",
+        good.count()
+    );
+    assert_eq!(ejected, Some(2.0), "the failing backend is ejected (open)");
+    assert!(bad_tries <= 3 + 1, "no traffic to it once ejected: {bad_tries}");
+    assert!(acked >= 40 - bad_tries, "only ups whose retry the budget refused may fail: {acked}/40");
+    for id in 41..=50 {
+        up(ws, id);
+        assert_eq!(answers(ws, 1, bound)[&id].1["t"], "up_ack", "the healthy backend takes every up");
+    }
+    assert_eq!(bad.count(), bad_tries, "still ejected");
 }
