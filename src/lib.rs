@@ -44,6 +44,8 @@
 //!   openraft. `raft` sits under `cluster` (never the reverse) and above `store`.
 //! - `ws` and `api` see the cluster only through `cluster` (the port) and `view`: no `store`,
 //!   `raft`, proposer, raw `Command` or crate-wide `Reply`; nor do `node::{duties, lifecycle}`.
+//! - `upstream` imports only `config`, `metrics` and `protocol`: the session hands it ups and
+//!   writes its answers; it never sees the cluster, and never logs a payload.
 //! - `client` imports only `protocol`; `tools` import no server module (`node`, `ws`, `api`,
 //!   `cluster`, `raft`, `store`).
 //! - No source file over 600 lines.

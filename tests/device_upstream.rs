@@ -2,7 +2,8 @@
 //! (`common::upstream`): an up is acked exactly when the backend answered 2xx to its key; every
 //! try of one up, and a device's retry of it, carries the same `Idempotency-Key: <device>:<id>`;
 //! a 4xx is never retried; in-flight bounds nack `overloaded` at once instead of queueing; bad up
-//! frames get a clear answer and never an echo; a node without an upstream nacks `no_upstream`.
+//! frames get a clear answer and never an echo; a slow backend within the try timeout is waited
+//! for; a node without an upstream nacks `no_upstream`.
 
 mod common;
 
@@ -112,6 +113,17 @@ fn ups_are_acked_exactly_on_2xx_with_one_key_per_up() {
     assert!(retried.values().all(|(_, v)| v["t"] == "up_ack"), "{retried:?}");
     let tries_of_10 = backend.seen().iter().filter(|s| s.key.as_deref() == Some("d1:10")).count();
     assert!(tries_of_10 >= 2, "the 503'd up reached the backend again under its key: {tries_of_10}");
+
+    // A slow backend within the try timeout (2 s by default): acked once it answers, one try each.
+    backend.set(Behave::Slow(Duration::from_millis(300)));
+    let (before, t0) = (backend.count(), Instant::now());
+    for id in 60..62 {
+        up(&ws, id, json!({"n": id}));
+    }
+    let slow = answers(&mut ws, 2, bound);
+    note("d1", &slow);
+    assert!(slow.values().all(|(at, v)| v["t"] == "up_ack" && *at - t0 >= Duration::from_millis(300)), "{slow:?}");
+    assert_eq!(backend.count(), before + 2, "no second try while the first is within its timeout");
 
     // 3. A 4xx is final: one try, nacked `rejected` with the status and no retry_after.
     backend.set(Behave::Status(422));
