@@ -6,7 +6,9 @@
 //! a `sync` one page at a time between them. Memory per session is bounded in bytes: one message
 //! being read (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small
 //! frames: replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one
-//! sync page ([`super::stream::PAGE_BYTES`]).
+//! sync page ([`super::stream::PAGE_BYTES`]). `up` frames are handed to [`Upstream::submit`]
+//! (refusals answered at once like any reply); the answers of admitted ones come back on the
+//! session's lane, at most `--upstream-max-in-flight-per-device` small frames.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
