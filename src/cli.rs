@@ -9,6 +9,8 @@ use crate::config::FileConfig;
 use crate::tools::plan::{Admission, Jitter, StormModel};
 pub use crate::tools::SecretArgs;
 
+pub mod upstream;
+
 /// gateway: a cluster of WebSocket device gateways on an embedded Raft-replicated store.
 #[derive(Debug, Parser)]
 #[command(name = "gateway", version, about)]
@@ -362,6 +364,8 @@ pub struct ServeArgs {
     /// Most Idempotency-Keys remembered per device, oldest forgotten first [default: 1000].
     #[arg(long, env = "GATEWAY_IDEMPOTENCY_KEYS")]
     pub idempotency_keys: Option<u64>,
+    #[command(flatten)]
+    pub upstream: upstream::UpstreamArgs,
 }
 
 impl ServeArgs {
@@ -409,6 +413,7 @@ impl ServeArgs {
             max_payload_bytes: self.max_payload_bytes,
             idempotency_ms: self.idempotency_ms,
             idempotency_keys: self.idempotency_keys,
+            upstream: Some(self.upstream.to_layer()),
         }
     }
 }

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub mod upstream;
+
 /// The largest `max_payload_bytes` allowed. A published message is one Raft log entry that every
 /// node writes and fsyncs, and lease renewals wait behind the entries in flight: at 16 MiB a few
 /// publishes held renewals for seconds and fenced nodes (tests/cluster_big_entries.rs). One such
@@ -74,6 +76,8 @@ pub struct FileConfig {
     pub max_payload_bytes: Option<usize>,
     pub idempotency_ms: Option<u64>,
     pub idempotency_keys: Option<u64>,
+    /// The `[upstream]` table (device `up` delivery).
+    pub upstream: Option<upstream::UpstreamFile>,
 }
 
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
@@ -222,6 +226,7 @@ pub struct Config {
     /// Page cache of each redb database (log and state), in bytes: redb keeps read pages and
     /// the pages of non-durable commits there, so it bounds the store's share of the node's memory.
     pub store_cache_bytes: usize,
+    pub upstream: upstream::UpstreamConfig,
 }
 
 /// Default `store_cache_mib`: per database, so the store holds at most twice this.
@@ -326,6 +331,7 @@ impl Config {
             timing,
             device,
             store_cache_bytes: 0,
+            upstream: upstream::UpstreamConfig::merge(flags.upstream, file.upstream)?,
         };
         let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
         if !(1..=1 << 20).contains(&cache_mib) {
@@ -547,6 +553,7 @@ mod tests {
         let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
         assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
         assert_eq!(cfg.store_cache_bytes, defaults.store_cache_bytes, "the example documents the defaults");
+        assert_eq!(cfg.upstream, defaults.upstream, "the example documents the defaults");
     }
 
     #[test]

@@ -22,6 +22,9 @@
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
 //!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing).
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline).
+//! - [`upstream`] device → backend delivery of `up` frames: in-flight bounds, one deadline per
+//!   up, safe retries within a retry budget, a circuit breaker per endpoint (pure `breaker` and
+//!   `budget`); the session only hands ups over and writes the answers.
 //! - [`ring`] virtual-node consistent hash over live nodes, on the `hashring` crate.
 //! - [`protocol`] every device wire frame and the close codes (shared by server and client).
 //! - [`token`] device tokens (HS256 JWT): mint and verify; [`secrets`] secret files and env.
@@ -41,6 +44,8 @@
 //!   openraft. `raft` sits under `cluster` (never the reverse) and above `store`.
 //! - `ws` and `api` see the cluster only through `cluster` (the port) and `view`: no `store`,
 //!   `raft`, proposer, raw `Command` or crate-wide `Reply`; nor do `node::{duties, lifecycle}`.
+//! - `upstream` imports only `config`, `metrics` and `protocol`: the session hands it ups and
+//!   writes its answers; it never sees the cluster, and never logs a payload.
 //! - `client` imports only `protocol`; `tools` import no server module (`node`, `ws`, `api`,
 //!   `cluster`, `raft`, `store`).
 //! - No source file over 600 lines.
@@ -68,6 +73,7 @@ pub mod server;
 pub mod store;
 pub mod token;
 pub mod tools;
+pub mod upstream;
 pub mod view;
 pub mod wire;
 pub mod ws;

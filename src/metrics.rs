@@ -16,6 +16,12 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// An upstream endpoint, by `host:port`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    pub upstream: String,
+}
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -66,6 +72,21 @@ pub struct Metrics {
     pub live_nodes: Gauge,
     pub routes: Gauge,
     pub ring_version: Gauge,
+    /// Device `up` frames (intents) by how they were answered (`ack`, or the nack reason).
+    pub ups: Family<ResultLabel, Counter>,
+    /// Tries sent upstream by result (`ok`, `client_error`, `server_error`, `unavailable`,
+    /// `connect_error`, `timeout`, `transport_error`): attempts, as opposed to intents.
+    pub upstream_attempts: Family<ResultLabel, Counter>,
+    /// Tries after the first, and retries the budget refused.
+    pub upstream_retries: Counter,
+    pub upstream_budget_exhausted: Counter,
+    /// Ups that reached their deadline.
+    pub upstream_deadline_exceeded: Counter,
+    /// Per endpoint: 0 closed, 1 half-open, 2 open (ejected).
+    pub upstream_breaker: Family<UpstreamLabel, Gauge>,
+    /// Ups in flight on this node, and their payload bytes.
+    pub ups_in_flight: Gauge,
+    pub ups_in_flight_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -102,6 +123,14 @@ impl Default for Metrics {
             live_nodes: Gauge::default(),
             routes: Gauge::default(),
             ring_version: Gauge::default(),
+            ups: Family::default(),
+            upstream_attempts: Family::default(),
+            upstream_retries: Counter::default(),
+            upstream_budget_exhausted: Counter::default(),
+            upstream_deadline_exceeded: Counter::default(),
+            upstream_breaker: Family::default(),
+            ups_in_flight: Gauge::default(),
+            ups_in_flight_bytes: Gauge::default(),
         };
         m.admitted_share.set(1000);
         registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
@@ -150,6 +179,26 @@ impl Default for Metrics {
         registry.register("routes", "Device routes in the applied state", m.routes.clone());
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
         registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register("ups", "Device up frames (intents) by answer: ack or the nack reason", m.ups.clone());
+        registry.register("upstream_attempts", "Tries sent to the upstream by result", m.upstream_attempts.clone());
+        registry.register("upstream_retries", "Upstream tries after the first", m.upstream_retries.clone());
+        registry.register(
+            "upstream_retry_budget_exhausted",
+            "Retries the retry budget refused",
+            m.upstream_budget_exhausted.clone(),
+        );
+        registry.register(
+            "upstream_deadline_exceeded",
+            "Ups that reached their deadline",
+            m.upstream_deadline_exceeded.clone(),
+        );
+        registry.register(
+            "upstream_breaker_state",
+            "Upstream breaker: 0 closed, 1 half-open, 2 open (ejected)",
+            m.upstream_breaker.clone(),
+        );
+        registry.register("ups_in_flight", "Device ups in flight on this node", m.ups_in_flight.clone());
+        registry.register("ups_in_flight_bytes", "Payload bytes of ups in flight", m.ups_in_flight_bytes.clone());
         Metrics { registry, ..m }
     }
 }

@@ -59,6 +59,20 @@ pub enum ServerFrame {
     Pong,
     /// A client frame was not understood (the connection stays open).
     Error { error: String },
+    /// The upstream answered 2xx to the `up` with this id.
+    UpAck { id: u64 },
+    /// The `up` with this id was not delivered (as far as this node knows: it may have reached the
+    /// upstream all the same, so a retry must reuse the id). `retry_after_ms` present: retry the
+    /// same id after at least that long; absent: retrying will not help (`status` is the
+    /// upstream's 4xx when it refused).
+    UpNack {
+        id: u64,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+    },
 }
 
 /// Frames a device sends.
@@ -72,6 +86,9 @@ pub enum ClientFrame {
     Sync { after: u64 },
     /// Everything up to `seq` arrived: the stream may drop it.
     Ack { seq: u64 },
+    /// Forward `payload` (any JSON) to the backend, with `Idempotency-Key: <device>:<id>`; answered
+    /// with `up_ack` or `up_nack` carrying the same `id`. A retry reuses the id.
+    Up { id: u64, payload: serde_json::Value },
 }
 
 impl ServerFrame {
@@ -126,6 +143,22 @@ mod tests {
         assert_eq!(ClientFrame::Sync { after: 4 }.to_json(), r#"{"t":"sync","after":4}"#);
         let gap: ServerFrame = serde_json::from_str(&ServerFrame::SyncGap { oldest: 8 }.to_json()).unwrap();
         assert_eq!(gap, ServerFrame::SyncGap { oldest: 8 });
+    }
+
+    #[test]
+    fn up_frames_have_the_documented_shape() {
+        let up: ClientFrame = serde_json::from_str(r#"{"t":"up","id":3,"payload":{"temp":21}}"#).unwrap();
+        assert_eq!(up, ClientFrame::Up { id: 3, payload: serde_json::json!({"temp": 21}) });
+        assert!(serde_json::from_str::<ClientFrame>(r#"{"t":"up","payload":{}}"#).is_err(), "an up needs an id");
+        assert_eq!(ServerFrame::UpAck { id: 3 }.to_json(), r#"{"t":"up_ack","id":3}"#);
+        let nack = ServerFrame::UpNack { id: 4, reason: "overloaded".into(), retry_after_ms: Some(250), status: None };
+        assert_eq!(nack.to_json(), r#"{"t":"up_nack","id":4,"reason":"overloaded","retry_after_ms":250}"#);
+        let refused = r#"{"t":"up_nack","id":5,"reason":"rejected","status":422}"#;
+        let parsed: ServerFrame = serde_json::from_str(refused).unwrap();
+        assert_eq!(
+            parsed,
+            ServerFrame::UpNack { id: 5, reason: "rejected".into(), retry_after_ms: None, status: Some(422) }
+        );
     }
 
     #[test]

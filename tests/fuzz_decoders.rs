@@ -192,13 +192,14 @@ fn client_oracle(v: &Value) -> Option<ClientFrame> {
         "ping" => Some(ClientFrame::Ping),
         "sync" => number("after").map(|after| ClientFrame::Sync { after }),
         "ack" => number("seq").map(|seq| ClientFrame::Ack { seq }),
+        "up" => number("id").zip(o.get("payload")).map(|(id, p)| ClientFrame::Up { id, payload: p.clone() }),
         _ => None,
     }
 }
 
 fn client_object() -> impl Strategy<Value = Value> {
     let tag = prop_oneof![
-        4 => select(&["ping", "sync", "ack"][..]).prop_map(Value::from),
+        4 => select(&["ping", "sync", "ack", "up"][..]).prop_map(Value::from),
         1 => select(&["pong", "Ping", "SYNC", "", "ack ", "msg"][..]).prop_map(Value::from),
         1 => json_leaf(),
     ];
@@ -206,8 +207,9 @@ fn client_object() -> impl Strategy<Value = Value> {
     let number =
         || prop_oneof![3 => any::<u64>().prop_map(Value::from), 1 => json_value(), 1 => any::<u64>().prop_map(quoted)];
     let extra = btree_map(select(&["x", "T", "payload", "after_", "Seq"][..]), json_value(), 0..3);
-    (weighted(0.95, tag), weighted(0.8, number()), weighted(0.8, number()), extra)
-        .prop_map(|(t, after, seq, extra)| object(vec![("t", t), ("after", after), ("seq", seq)], extra))
+    (weighted(0.95, tag), weighted(0.8, number()), weighted(0.8, number()), weighted(0.8, number()), extra).prop_map(
+        |(t, after, seq, id, extra)| object(vec![("t", t), ("after", after), ("seq", seq), ("id", id)], extra),
+    )
 }
 
 fn server_frame() -> impl Strategy<Value = ServerFrame> {
@@ -229,6 +231,10 @@ fn server_frame() -> impl Strategy<Value = ServerFrame> {
         text().prop_map(|reason| ServerFrame::Goaway { reason }),
         Just(ServerFrame::Pong),
         text().prop_map(|error| ServerFrame::Error { error }),
+        u().prop_map(|id| ServerFrame::UpAck { id }),
+        (u(), text(), of(u()), of(any::<u16>())).prop_map(|(id, reason, retry_after_ms, status)| {
+            ServerFrame::UpNack { id, reason, retry_after_ms, status }
+        }),
     ]
 }
 

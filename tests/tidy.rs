@@ -29,7 +29,11 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         "raft" => &["store", "machine", "view", "codec", "http", "metrics", "clock"],
         "cluster" => &["raft", "store", "machine", "view", "codec", "config", "http", "metrics", "clock", "wire"],
         // The edges see the cluster through the port only.
-        "ws" => &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server"],
+        "ws" => {
+            &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server", "upstream"]
+        }
+        // Device -> backend delivery: its config section, its metrics, the frames it answers with.
+        "upstream" => &["config", "metrics", "protocol"],
         "api" => &[
             "cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server", "protocol",
             "secrets",
@@ -249,7 +253,8 @@ fn client_and_tools_import_no_server_module() {
 /// bare spawn is a session's reader, owned by the session, which awaits or aborts it.
 #[test]
 fn server_tasks_are_spawned_on_a_tracker() {
-    let server = ["node", "ws", "api", "cluster", "raft", "store", "server", "node/duties", "node/lifecycle"];
+    let server =
+        ["node", "ws", "api", "cluster", "raft", "store", "server", "node/duties", "node/lifecycle", "upstream"];
     let mut broken = Vec::new();
     for f in sources().iter().filter(|f| server.contains(&f.module.as_str())) {
         if f.path.ends_with("ws/session.rs") {

@@ -16,7 +16,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fastwebsockets::{Frame, OpCode, Payload};
+use fastwebsockets::{FragmentCollectorRead, Frame, OpCode, Payload};
+use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +25,7 @@ use super::backoff::Backoff;
 use super::dial::{dial, Answer, Target, Ws};
 pub use super::policy::StopReason;
 use super::policy::{Outcome, Policy, Step};
+use super::uplink::{Outbox, UpConfig, UplinkRx};
 use crate::protocol::{close, ClientFrame, ServerFrame, MAX_ATTEMPT};
 
 /// How one device connects and backs off.
@@ -191,11 +193,20 @@ pub struct Device {
     last: u64,
     /// The highest message seq received: every (re)connect syncs from it.
     cursor: u64,
+    ups: Ups,
 }
 
 impl Device {
     pub fn new(cfg: DeviceConfig, store: Box<dyn AttemptStore>) -> Device {
-        Device { cfg, store, last: 0, cursor: 0 }
+        let outbox = Outbox::new(UpConfig::default(), cfg.seed);
+        Device { cfg, store, last: 0, cursor: 0, ups: Ups { rx: None, outbox } }
+    }
+
+    /// Sends the ups submitted on `rx`'s [`super::uplink::Uplink`] handles, retried as `up` says
+    /// (the same id each time), across reconnects.
+    pub fn with_uplink(mut self, rx: UplinkRx, up: UpConfig) -> Device {
+        self.ups = Ups { rx: Some(rx), outbox: Outbox::new(up, self.cfg.seed) };
+        self
     }
 
     /// Starts the message cursor at `seq` (what the application already processed), so the first
@@ -232,13 +243,15 @@ impl Device {
                 a = dial(&target, attempt, token, cfg.bind, cfg.handshake_timeout) => a,
             };
             let outcome = match answer {
-                Ok(Answer::Open(mut ws, hello)) => {
+                Ok(Answer::Open(ws, hello)) => {
                     let connected = Instant::now();
                     policy.connected(&hello.node, hello.next);
                     let (node, conn, route_version) = (hello.node, hello.conn, hello.route_version);
                     events(Event::Connected { node, conn, route_version, attempt, after: connected - since });
                     events(Event::Frame(hello.frame));
-                    let end = session(&mut ws, &mut events, &shutdown, cfg.handshake_timeout, &mut self.cursor).await;
+                    let bound = cfg.handshake_timeout;
+                    let end = session(*ws, &mut events, &shutdown, bound, &mut self.cursor, &mut self.ups).await;
+                    self.ups.outbox.disconnected(std::time::Instant::now());
                     since = Instant::now();
                     let Some((code, reason, goaway)) = end else { break StopReason::Shutdown };
                     events(Event::Closed { code, reason });
@@ -284,81 +297,145 @@ impl Device {
                 }
             }
         };
+        self.ups.outbox.stop();
         events(Event::Stopped(reason.clone()));
         reason
     }
 }
 
+/// What the reader task hands the session: a whole message, or how the connection ended.
+type Read = Result<(OpCode, Vec<u8>), String>;
+
 /// Reads frames until the connection ends: `Some((code, reason, goaway_seen))`, or `None` after
-/// closing with 1000 on shutdown (the close echo is awaited at most `bound`).
+/// closing with 1000 on shutdown (the close echo is awaited at most `bound`). `read_frame` is not
+/// cancel-safe, so a reader task owns the read half and this loop selects over its channel, the
+/// application's ups and the outbox's timer; every write (replies the reader owes included) is
+/// made here.
 async fn session(
-    ws: &mut Ws,
+    ws: Ws,
     events: &mut impl FnMut(Event),
     shutdown: &CancellationToken,
     bound: Duration,
     cursor: &mut u64,
+    ups: &mut Ups,
 ) -> Option<(u16, String, bool)> {
+    let (rx, mut tx) = ws.split(tokio::io::split);
+    let mut rx = FragmentCollectorRead::new(rx);
+    let (read_tx, mut read_rx) = mpsc::channel::<Read>(16);
+    let (owed_tx, mut owed_rx) = mpsc::channel::<Frame<'static>>(4);
+    let reader = tokio::spawn(async move {
+        loop {
+            let owed = owed_tx.clone();
+            let mut send = move |f: Frame<'_>| {
+                let (owed, f) = (owed.clone(), Frame::new(f.fin, f.opcode, None, Payload::Owned(f.payload.to_vec())));
+                async move { owed.send(f).await.map_err(|_| fastwebsockets::WebSocketError::ConnectionClosed) }
+            };
+            let read =
+                rx.read_frame(&mut send).await.map(|f| (f.opcode, f.payload.to_vec())).map_err(|e| e.to_string());
+            let last = !matches!(read, Ok((op, _)) if op != OpCode::Close);
+            if read_tx.send(read).await.is_err() || last {
+                return;
+            }
+        }
+    });
+    let _abort = AbortOnDrop(reader);
+    let text = |s: String| Frame::text(Payload::Owned(s.into_bytes()));
     let mut goaway = false;
     // Ask for everything after the cursor; then messages arrive in order, once each.
     let sync = ClientFrame::Sync { after: *cursor }.to_json();
-    if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(sync.into_bytes()))).await {
+    if let Err(e) = tx.write_frame(text(sync)).await {
         return Some((1006, e.to_string(), goaway));
     }
     loop {
-        let frame = tokio::select! {
+        let mut out: Vec<Frame<'static>> = Vec::new();
+        let next_up = ups.outbox.next_due().map(Instant::from_std);
+        tokio::select! {
             _ = shutdown.cancelled() => {
                 let _ = timeout(bound, async {
-                    ws.write_frame(Frame::close(close::NORMAL, b"shutdown")).await?;
-                    loop {
-                        if ws.read_frame().await?.opcode == OpCode::Close {
-                            return Ok::<_, fastwebsockets::WebSocketError>(());
+                    tx.write_frame(Frame::close(close::NORMAL, b"shutdown")).await?;
+                    while let Some(Ok((op, _))) = read_rx.recv().await {
+                        if op == OpCode::Close {
+                            break;
                         }
                     }
+                    Ok::<_, fastwebsockets::WebSocketError>(())
                 })
                 .await;
                 return None;
             }
-            f = ws.read_frame() => f,
-        };
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => return Some((1006, e.to_string(), goaway)),
-        };
-        match frame.opcode {
-            OpCode::Text => {
-                let frame = match serde_json::from_slice::<ServerFrame>(&frame.payload) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        events(Event::BadFrame { error: e.to_string() });
-                        continue;
-                    }
-                };
-                goaway |= matches!(frame, ServerFrame::Goaway { .. });
-                let seq = match &frame {
-                    ServerFrame::Msg { seq, .. } => Some(*seq),
-                    // Messages before `oldest` are gone: the application resyncs from its backend.
-                    ServerFrame::SyncGap { oldest } => Some(oldest.saturating_sub(1)),
-                    _ => None,
-                };
-                events(Event::Frame(frame));
-                if let Some(seq) = seq.filter(|s| *s > *cursor) {
-                    *cursor = seq;
-                    let ack = ClientFrame::Ack { seq }.to_json();
-                    if let Err(e) = ws.write_frame(Frame::text(Payload::Owned(ack.into_bytes()))).await {
-                        return Some((1006, e.to_string(), goaway));
-                    }
+            Some(f) = owed_rx.recv() => out.push(f),
+            submit = async { match ups.rx.as_mut() { Some(rx) => rx.0.recv().await, None => std::future::pending().await } } => {
+                match submit {
+                    Some(s) => ups.outbox.add(s, std::time::Instant::now()),
+                    None => ups.rx = None, // every Uplink handle is gone
                 }
             }
-            OpCode::Close => {
-                let p = &frame.payload;
-                let (code, reason) = match p.len() {
-                    0 | 1 => (1005, String::new()),
-                    _ => (u16::from_be_bytes([p[0], p[1]]), String::from_utf8_lossy(&p[2..]).into_owned()),
+            _ = async { match next_up { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+            read = read_rx.recv() => {
+                let (op, payload) = match read {
+                    Some(Ok(f)) => f,
+                    Some(Err(e)) => return Some((1006, e, goaway)),
+                    None => return Some((1006, "reader ended".into(), goaway)),
                 };
-                return Some((code, reason, goaway));
+                match op {
+                    OpCode::Text => {
+                        let frame = match serde_json::from_slice::<ServerFrame>(&payload) {
+                            Ok(f) => f,
+                            Err(e) => {
+                                events(Event::BadFrame { error: e.to_string() });
+                                continue;
+                            }
+                        };
+                        goaway |= matches!(frame, ServerFrame::Goaway { .. });
+                        let seq = match &frame {
+                            ServerFrame::Msg { seq, .. } => Some(*seq),
+                            // Messages before `oldest` are gone: the application resyncs from its backend.
+                            ServerFrame::SyncGap { oldest } => Some(oldest.saturating_sub(1)),
+                            _ => None,
+                        };
+                        ups.outbox.answer(&frame, std::time::Instant::now());
+                        events(Event::Frame(frame));
+                        if let Some(seq) = seq.filter(|s| *s > *cursor) {
+                            *cursor = seq;
+                            out.push(text(ClientFrame::Ack { seq }.to_json()));
+                        }
+                    }
+                    OpCode::Close => {
+                        // The reader already queued the echo (auto-close): send it before leaving.
+                        if let Ok(echo) = owed_rx.try_recv() {
+                            let _ = timeout(bound, tx.write_frame(echo)).await;
+                        }
+                        let (code, reason) = match payload.len() {
+                            0 | 1 => (1005, String::new()),
+                            _ => (u16::from_be_bytes([payload[0], payload[1]]), String::from_utf8_lossy(&payload[2..]).into_owned()),
+                        };
+                        return Some((code, reason, goaway));
+                    }
+                    _ => {}
+                }
             }
-            _ => {}
         }
+        out.extend(ups.outbox.due(std::time::Instant::now()).into_iter().map(text));
+        for frame in out {
+            if let Err(e) = tx.write_frame(frame).await {
+                return Some((1006, e.to_string(), goaway));
+            }
+        }
+    }
+}
+
+/// The application's ups: where they come in, and the ones not yet acked or given up.
+struct Ups {
+    rx: Option<UplinkRx>,
+    outbox: Outbox,
+}
+
+/// Aborts the reader task when the session returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fastwebsockets::{FragmentCollector, OpCode, Role, WebSocket};
+use fastwebsockets::{OpCode, Role, WebSocket};
 use http_body_util::{BodyExt, Empty};
 use hyper::header;
 use hyper::upgrade::Upgraded;
@@ -18,8 +18,9 @@ use tokio::time::{timeout_at, Instant};
 use super::backoff::parse_retry_after;
 use crate::protocol::ServerFrame;
 
-/// An open device connection (fragmented messages are reassembled).
-pub type Ws = FragmentCollector<TokioIo<Upgraded>>;
+/// An open device connection. The session splits it and reassembles fragmented messages; the
+/// `hello` is read whole (the server never fragments it).
+pub type Ws = WebSocket<TokioIo<Upgraded>>;
 
 /// A `/ws` endpoint: `ws://authority/path?params` (`http://` is accepted too; no TLS).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +200,6 @@ pub async fn dial(
     let mut ws = WebSocket::after_handshake(TokioIo::new(upgraded), Role::Client);
     ws.set_auto_pong(true);
     ws.set_auto_close(true);
-    let mut ws = FragmentCollector::new(ws);
     let frame = step(deadline, "hello", ws.read_frame()).await?;
     let bad = |what: String| DialError { stage: "hello", error: what };
     if frame.opcode != OpCode::Text {

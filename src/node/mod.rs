@@ -33,6 +33,7 @@ use crate::secrets;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
 use crate::token::Verifier;
+use crate::upstream::Upstream;
 use crate::ws::admission::{Admission, Keyed};
 use crate::ws::overload::Overload;
 use crate::ws::registry::{Limits, Registry};
@@ -174,6 +175,8 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         drain: drain_requested.clone(),
     });
     let d = &cfg.device;
+    let upstream =
+        Upstream::new(cfg.upstream.clone(), metrics.clone(), tasks.clone(), stop.clone()).map_err(NodeError::Config)?;
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
         admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst)),
@@ -199,6 +202,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
             send_queue: d.send_queue,
             send_queue_bytes: d.send_queue_bytes,
         },
+        upstream,
         metrics: metrics.clone(),
         tasks: tasks.clone(),
     });

@@ -149,6 +149,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
             return g.refuse(Refusal::unavailable("at_capacity").message(msg));
         }
     };
+    let (lane, answers) = g.upstream.lane(&device, tenant.clone());
     let claim = Claim { device: device.clone(), node: me, conn, epoch, attempt };
     let started = std::time::Instant::now();
     let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant)).await;
@@ -218,7 +219,8 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     g.tasks.spawn(tracing::Instrument::instrument(
         async move {
             let _registration = registration;
-            let ended = session::run(upgrade, hello, mailbox, cursor, cfg).await;
+            let ups = session::Ups { service: gate.upstream.clone(), lane, answers };
+            let ended = session::run(upgrade, hello, mailbox, cursor, cfg, ups).await;
             if ended == Ended::Closed(close::SUPERSEDED) {
                 gate.metrics.kicks.inc();
             }

@@ -54,6 +54,8 @@ pub struct Gate {
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub session: session::SessionConfig,
+    /// Where devices' `up` frames go (issue 13).
+    pub upstream: Arc<crate::upstream::Upstream>,
     pub metrics: Arc<Metrics>,
     /// Sessions and the work they leave behind are tracked here (hyper stops tracking upgraded
     /// connections).

@@ -6,7 +6,9 @@
 //! a `sync` one page at a time between them. Memory per session is bounded in bytes: one message
 //! being read (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small
 //! frames: replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one
-//! sync page ([`super::stream::PAGE_BYTES`]).
+//! sync page ([`super::stream::PAGE_BYTES`]). `up` frames are handed to [`Upstream::submit`]
+//! (refusals answered at once like any reply); the answers of admitted ones come back on the
+//! session's lane, at most `--upstream-max-in-flight-per-device` small frames.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,6 +21,15 @@ use tokio::sync::mpsc;
 use super::registry::{Control, Mailbox};
 use super::stream::StreamCursor;
 use crate::protocol::{close, ClientFrame, ServerFrame};
+use crate::upstream::{Answer, Lane, Upstream};
+
+/// The session's way to the backend: `up` frames are handed to `service` on `lane`; answers
+/// come back on `answers` (bounded by the device's in-flight limit) and are written in turn.
+pub struct Ups {
+    pub service: Arc<Upstream>,
+    pub lane: Lane,
+    pub answers: mpsc::Receiver<Answer>,
+}
 
 /// Per-session limits.
 #[derive(Debug, Clone)]
@@ -56,7 +67,9 @@ pub async fn run(
     mailbox: Mailbox,
     mut cursor: StreamCursor,
     cfg: SessionConfig,
+    ups: Ups,
 ) -> Ended {
+    let Ups { service, lane, answers: mut up_answers } = ups;
     let Mailbox { tx: ctl_tx, rx: mut ctl_rx, overflow, kicked, queued } = mailbox;
     let mut ws = match upgrade.await {
         Ok(ws) => ws,
@@ -78,7 +91,8 @@ pub async fn run(
     let last_seen_ms = Arc::new(AtomicU64::new(0));
     let (out_tx, mut out_rx) = mpsc::channel::<Frame<'static>>(cfg.send_queue.max(4));
     // Owned by this session: awaited or aborted below, never left behind.
-    let reading = read_loop(rx, out_tx, ctl_tx, last_seen_ms.clone(), started, cfg.max_message_bytes);
+    let ups = (service, lane);
+    let reading = read_loop(rx, out_tx, ctl_tx, ups, last_seen_ms.clone(), started, cfg.max_message_bytes);
     let mut reader = tokio::spawn(tracing::Instrument::in_current_span(reading));
 
     let write_timeout = Duration::from_millis(cfg.idle_ms.max(1000));
@@ -148,6 +162,8 @@ pub async fn run(
                     _ => break,
                 },
             },
+            // Taking the answer frees its slot of the device's in-flight bound.
+            Some(answer) = up_answers.recv() => vec![text(answer.frame.to_json())],
             _ = ping.tick() => {
                 let idle = (started.elapsed().as_millis() as u64).saturating_sub(last_seen_ms.load(Ordering::Relaxed));
                 if idle > cfg.idle_ms {
@@ -231,6 +247,7 @@ async fn read_loop<S>(
     mut rx: WebSocketRead<S>,
     out: mpsc::Sender<Frame<'static>>,
     ctl: mpsc::Sender<Control>,
+    (upstream, lane): (Arc<Upstream>, Lane),
     last_seen_ms: Arc<AtomicU64>,
     started: Instant,
     max_bytes: usize,
@@ -299,6 +316,11 @@ async fn read_loop<S>(
                             let _ = ctl.try_send(Control::Ack { seq });
                             continue;
                         }
+                        // Admitted ups are answered later on the lane; refusals right here.
+                        Ok(ClientFrame::Up { id, payload }) => match upstream.submit(&lane, id, &payload) {
+                            Some(refusal) => refusal,
+                            None => continue,
+                        },
                         Err(e) => ServerFrame::Error { error: unknown_frame(&e) },
                     },
                 };
@@ -322,7 +344,7 @@ fn unknown_frame(e: &serde_json::Error) -> String {
     use serde_json::error::Category;
     let what = match e.classify() {
         Category::Syntax | Category::Eof => "not JSON",
-        Category::Data => "not a known frame (ping, sync, ack)",
+        Category::Data => "not a known frame (ping, sync, ack, up with an id and a payload)",
         Category::Io => "unreadable",
     };
     format!("unknown frame: {what} (line {}, column {})", e.line(), e.column())

@@ -10,6 +10,7 @@ pub mod http;
 pub mod proxy;
 pub mod raw;
 pub mod status;
+pub mod upstream;
 pub mod ws;
 
 use std::collections::HashSet;
