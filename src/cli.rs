@@ -284,6 +284,13 @@ pub struct ServeArgs {
     /// Snapshot and purge the log every this many entries [default: 10000].
     #[arg(long, env = "GATEWAY_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
+    /// Cluster admission budget committed when this node bootstraps a cluster (as `gateway
+    /// admission set --rate`); ignored on an existing cluster. Needs --cluster-admit-burst.
+    #[arg(long, env = "GATEWAY_CLUSTER_ADMIT_RATE")]
+    pub cluster_admit_rate: Option<f64>,
+    /// Burst of that budget, for the whole cluster.
+    #[arg(long, env = "GATEWAY_CLUSTER_ADMIT_BURST")]
+    pub cluster_admit_burst: Option<u32>,
     /// Page cache of each store database (log, state) in MiB: bounds the store's memory [default: 256].
     #[arg(long, env = "GATEWAY_STORE_CACHE_MIB")]
     pub store_cache_mib: Option<u64>,
@@ -339,6 +346,10 @@ pub struct ServeArgs {
     /// [default: 1048576, or twice --max-payload-bytes if more].
     #[arg(long, env = "GATEWAY_SEND_QUEUE_BYTES")]
     pub send_queue_bytes: Option<usize>,
+    /// Bytes of `sync` pages this node reads and holds at once, all devices together; beyond it a
+    /// sync pauses and its device gets sync_busy [default: 16777216, at least 262144].
+    #[arg(long, env = "GATEWAY_SYNC_BUFFER_BYTES")]
+    pub sync_buffer_bytes: Option<usize>,
     /// Device connections this node holds at once (503 at_capacity beyond) [default: the
     /// open-file limit less 1024].
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
@@ -390,6 +401,8 @@ impl ServeArgs {
             max_voters: self.max_voters,
             snapshot_logs: self.snapshot_logs,
             store_cache_mib: self.store_cache_mib,
+            cluster_admit_rate: self.cluster_admit_rate,
+            cluster_admit_burst: self.cluster_admit_burst,
             propose_timeout_ms: self.propose_timeout_ms,
             ping_ms: self.ping_ms,
             idle_ms: self.idle_ms,
@@ -405,6 +418,7 @@ impl ServeArgs {
             max_message_bytes: self.max_message_bytes,
             send_queue: self.send_queue,
             send_queue_bytes: self.send_queue_bytes,
+            sync_buffer_bytes: self.sync_buffer_bytes,
             max_connections: self.max_connections,
             drain_rate: self.drain_rate,
             drain_timeout_ms: self.drain_timeout_ms,
@@ -420,7 +434,7 @@ impl ServeArgs {
 
 /// `gateway plan-storm` flags; the model is described in the subcommand's `--help`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("admission").required(true).args(["rate", "per_slot"])))]
+#[command(group(ArgGroup::new("admission").required(true).args(["rate", "per_slot", "cluster_rate"])))]
 pub struct PlanStormArgs {
     /// Devices that drop at t = 0.
     #[arg(long)]
@@ -434,8 +448,15 @@ pub struct PlanStormArgs {
     /// Token bucket: number of nodes, each with its own bucket.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub nodes: u32,
+    /// Cluster budget (as `gateway admission set`): handshakes per second for the whole
+    /// cluster, each of --nodes buckets refilling at its share, rate / nodes.
+    #[arg(long, requires = "cluster_burst", conflicts_with_all = ["rate", "burst"], value_parser = positive_rate)]
+    pub cluster_rate: Option<f64>,
+    /// Cluster budget: burst for the whole cluster, each bucket holding ceil(burst / nodes).
+    #[arg(long, requires = "cluster_rate", value_parser = clap::value_parser!(u32).range(1..))]
+    pub cluster_burst: Option<u32>,
     /// Fixed capacity: admissions per slot across the whole cluster.
-    #[arg(long, conflicts_with_all = ["rate", "burst", "nodes"], value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, conflicts_with_all = ["rate", "burst", "nodes", "cluster_rate"], value_parser = clap::value_parser!(u64).range(1..))]
     pub per_slot: Option<u64>,
     /// Length of a time step (and of the --per-slot window).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
@@ -467,6 +488,14 @@ pub struct PlanStormArgs {
     pub json: bool,
 }
 
+/// A cluster rate as `gateway admission set` takes it: 0.01 to 1e9 handshakes per second.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.01..=1e9).contains(&r) => Ok(r),
+        _ => Err("a rate from 0.01 to 1e9 handshakes per second".into()),
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum JitterArg {
     None,
@@ -482,11 +511,14 @@ pub enum Switch {
 impl PlanStormArgs {
     /// The model these flags describe (clap has already rejected contradictory flags).
     pub fn to_model(&self) -> StormModel {
-        let admission = match (self.per_slot, self.rate, self.burst) {
-            (Some(per_slot), _, _) => Admission::PerSlot { per_slot },
-            (None, rate, burst) => {
-                Admission::TokenBucket { rate_per_s: rate.unwrap_or(0), burst: burst.unwrap_or(0), nodes: self.nodes }
-            }
+        let admission = match (self.per_slot, self.cluster_rate, self.rate, self.burst) {
+            (Some(per_slot), ..) => Admission::PerSlot { per_slot },
+            (None, Some(rate), ..) => Admission::cluster_budget(rate, self.cluster_burst.unwrap_or(1), self.nodes),
+            (None, None, rate, burst) => Admission::TokenBucket {
+                milli_rate_per_s: rate.unwrap_or(0).saturating_mul(1000),
+                burst: burst.unwrap_or(0),
+                nodes: self.nodes,
+            },
         };
         StormModel {
             devices: self.devices,
@@ -521,15 +553,24 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let m = model("--devices 5 --rate 3 --burst 2 --nodes 2");
-        assert_eq!(m.admission, Admission::TokenBucket { rate_per_s: 3, burst: 2, nodes: 2 });
+        assert_eq!(m.admission, Admission::TokenBucket { milli_rate_per_s: 3000, burst: 2, nodes: 2 });
         assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms), (1, Jitter::Full, true, 10));
         let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
         assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
         assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));
         assert_eq!(model("--devices 5 --per-slot 4").retry_after_s, 0);
-        for bad in
-            ["--rate 3 --burst 2", "--devices 5", "--devices 5 --rate 3", "--devices 5 --rate 3 --burst 2 --per-slot 1"]
-        {
+        // A cluster budget: each node at its share, as the servers split it.
+        let m = model("--devices 5 --cluster-rate 500 --cluster-burst 100 --nodes 3");
+        assert_eq!(m.admission, Admission::TokenBucket { milli_rate_per_s: 166_667, burst: 34, nodes: 3 });
+        for bad in [
+            "--rate 3 --burst 2",
+            "--devices 5",
+            "--devices 5 --rate 3",
+            "--devices 5 --rate 3 --burst 2 --per-slot 1",
+            "--devices 5 --cluster-rate 500",
+            "--devices 5 --cluster-rate 500 --cluster-burst 10 --rate 3 --burst 2",
+            "--devices 5 --cluster-rate 0 --cluster-burst 10",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
     }

@@ -14,6 +14,10 @@ pub mod upstream;
 /// entry fits in a Raft append ([`crate::http::MAX_APPEND_BYTES`]) with room to spare.
 pub const MAX_PAYLOAD_LIMIT: usize = 1 << 20;
 
+/// Most payload bytes one page of a device's `sync` reads and holds (`ws::stream::PAGE_BYTES`;
+/// `node` checks that the two agree).
+pub const SYNC_PAGE_BYTES: usize = 256 << 10;
+
 /// The longest duration any `*_ms` setting may have.
 pub const MAX_DURATION_MS: u64 = 1 << 40;
 
@@ -53,6 +57,8 @@ pub struct FileConfig {
     pub max_voters: Option<usize>,
     pub snapshot_logs: Option<u64>,
     pub store_cache_mib: Option<u64>,
+    pub cluster_admit_rate: Option<f64>,
+    pub cluster_admit_burst: Option<u32>,
     pub propose_timeout_ms: Option<u64>,
     pub ping_ms: Option<u64>,
     pub idle_ms: Option<u64>,
@@ -68,6 +74,7 @@ pub struct FileConfig {
     pub max_message_bytes: Option<usize>,
     pub send_queue: Option<usize>,
     pub send_queue_bytes: Option<usize>,
+    pub sync_buffer_bytes: Option<usize>,
     pub max_connections: Option<usize>,
     pub drain_rate: Option<f64>,
     pub drain_timeout_ms: Option<u64>,
@@ -146,6 +153,9 @@ pub struct DeviceConfig {
     /// Payload bytes of messages queued for one connection (the same overflow rule); at least
     /// twice `max_payload_bytes` [default: 1 MiB, or twice `max_payload_bytes` if more].
     pub send_queue_bytes: usize,
+    /// Bytes of `sync` pages this node reads and holds at once, all devices together (one page,
+    /// [`SYNC_PAGE_BYTES`], at least); a page beyond it waits and the device is told `sync_busy`.
+    pub sync_buffer_bytes: usize,
     /// Device connections one node holds at once (`503 at_capacity` beyond); 0 derives it from
     /// the process's open-file limit (the soft limit less [`FD_RESERVE`]).
     pub max_connections: usize,
@@ -184,6 +194,7 @@ impl Default for DeviceConfig {
             max_message_bytes: 64 * 1024,
             send_queue: 256,
             send_queue_bytes: 1 << 20,
+            sync_buffer_bytes: 16 << 20,
             max_connections: 0,
             drain_rate: 500.0,
             drain_timeout_ms: 30_000,
@@ -226,6 +237,9 @@ pub struct Config {
     /// Page cache of each redb database (log and state), in bytes: redb keeps read pages and
     /// the pages of non-durable commits there, so it bounds the store's share of the node's memory.
     pub store_cache_bytes: usize,
+    /// The cluster admission budget (handshakes/s, burst) a bootstrapping node commits once the
+    /// cluster forms, as `gateway admission set` would; ignored on an existing cluster.
+    pub cluster_budget: Option<(f64, u32)>,
     pub upstream: upstream::UpstreamConfig,
 }
 
@@ -293,6 +307,7 @@ impl Config {
                 let payload = flags.max_payload_bytes.or(file.max_payload_bytes).unwrap_or(dd.max_payload_bytes);
                 dd.send_queue_bytes.max(payload.saturating_mul(2))
             }),
+            sync_buffer_bytes: flags.sync_buffer_bytes.or(file.sync_buffer_bytes).unwrap_or(dd.sync_buffer_bytes),
             max_connections: flags.max_connections.or(file.max_connections).unwrap_or(dd.max_connections),
             drain_rate: flags.drain_rate.or(file.drain_rate).unwrap_or(dd.drain_rate),
             drain_timeout_ms: flags.drain_timeout_ms.or(file.drain_timeout_ms).unwrap_or(dd.drain_timeout_ms),
@@ -331,6 +346,19 @@ impl Config {
             timing,
             device,
             store_cache_bytes: 0,
+            cluster_budget: match (
+                flags.cluster_admit_rate.or(file.cluster_admit_rate),
+                flags.cluster_admit_burst.or(file.cluster_admit_burst),
+            ) {
+                (None, None) => None,
+                (Some(rate), Some(burst)) if (0.01..=1e9).contains(&rate) && burst > 0 => Some((rate, burst)),
+                (rate, burst) => {
+                    return Err(ConfigError::Invalid(format!(
+                        "cluster_admit_rate ({rate:?}) and cluster_admit_burst ({burst:?}) go together: a rate \
+                         from 0.01 to 1e9 handshakes/s and a burst of at least 1"
+                    )))
+                }
+            },
             upstream: upstream::UpstreamConfig::merge(flags.upstream, file.upstream)?,
         };
         let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
@@ -461,6 +489,12 @@ impl Config {
                 d.send_queue_bytes, d.max_payload_bytes
             ));
         }
+        if !(SYNC_PAGE_BYTES..=1 << 40).contains(&d.sync_buffer_bytes) {
+            return bad(format!(
+                "sync_buffer_bytes ({}) must be in {SYNC_PAGE_BYTES}..=1099511627776 (one sync page at least)",
+                d.sync_buffer_bytes
+            ));
+        }
         if !(128..=16 << 20).contains(&d.max_message_bytes) {
             return bad(format!("max_message_bytes ({}) must be in 128..=16777216", d.max_message_bytes));
         }
@@ -502,105 +536,4 @@ pub fn is_host_port(s: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_beat_file_beats_defaults() {
-        let file: FileConfig = toml::from_str("lease_ms = 12000\nsweep_ms = 500\nname = \"from-file\"").unwrap();
-        let flags = FileConfig { lease_ms: Some(9000), ..Default::default() };
-        let cfg = Config::merge(flags, file).unwrap();
-        assert_eq!(cfg.timing.lease_ms, 9000);
-        assert_eq!(cfg.timing.sweep_ms, 500);
-        assert_eq!(cfg.timing.election_timeout_ms, Timing::default().election_timeout_ms);
-        assert_eq!(cfg.name.as_deref(), Some("from-file"));
-        assert_eq!(cfg.start, Start::Bootstrap);
-    }
-
-    #[test]
-    fn a_handshake_waits_out_an_election_by_default() {
-        let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
-        assert_eq!(cfg.device.handshake_timeout_ms, 4 * cfg.timing.election_timeout_ms + 1_000);
-        let fast = FileConfig {
-            election_timeout_ms: Some(100),
-            heartbeat_ms: Some(40),
-            lease_ms: Some(1000),
-            ..Default::default()
-        };
-        assert_eq!(Config::merge(fast, FileConfig::default()).unwrap().device.handshake_timeout_ms, 3_000);
-        let set = FileConfig { handshake_timeout_ms: Some(700), ..Default::default() };
-        assert_eq!(Config::merge(set, FileConfig::default()).unwrap().device.handshake_timeout_ms, 700);
-    }
-
-    #[test]
-    fn the_store_cache_is_bounded_and_in_bytes() {
-        let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
-        assert_eq!(cfg.store_cache_bytes, (DEFAULT_STORE_CACHE_MIB << 20) as usize);
-        let set = FileConfig { store_cache_mib: Some(16), ..Default::default() };
-        assert_eq!(Config::merge(set, FileConfig::default()).unwrap().store_cache_bytes, 16 << 20);
-        for bad in [0, (1 << 20) + 1] {
-            let f = FileConfig { store_cache_mib: Some(bad), ..Default::default() };
-            let err = Config::merge(f, FileConfig::default()).unwrap_err().to_string();
-            assert!(err.contains("store_cache_mib"), "{err}");
-        }
-    }
-
-    #[test]
-    fn example_config_is_valid() {
-        let file: FileConfig = toml::from_str(include_str!("../deploy/gateway.example.toml")).unwrap();
-        let cfg = Config::merge(FileConfig::default(), file).unwrap();
-        assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
-        let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
-        assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
-        assert_eq!(cfg.store_cache_bytes, defaults.store_cache_bytes, "the example documents the defaults");
-        assert_eq!(cfg.upstream, defaults.upstream, "the example documents the defaults");
-    }
-
-    #[test]
-    fn refuses_bad_values_and_unknown_keys() {
-        assert!(toml::from_str::<FileConfig>("leese_ms = 1").is_err());
-        for bad in [
-            "max_voters = 4",
-            "max_voters = 9",
-            "election_timeout_ms = 100\nheartbeat_ms = 100",
-            "sweep_ms = 0",
-            "lease_ms = 4000\nelection_timeout_ms = 1000",
-            "max_payload_bytes = 1048577",
-            "election_timeout_ms = 2305843009213693952\nlease_ms = 9223372036854775807",
-            "election_timeout_ms = 4611686018427387904",
-            "retain_ms = 1099511627777",
-            "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
-            "send_queue_bytes = 1000",
-            "max_payload_bytes = 1",
-            "cluster_listen = \"0.0.0.0:7070\"",
-            "listen = \"0.0.0.0:8080\"",
-            "cluster_advertise = \"0.0.0.0:7070\"",
-            "cluster_advertise = \"gw-1\"",
-            "cluster_advertise = \"gw_1:7070\"",
-            "cluster_advertise = \"gw-1:0\"",
-            "cluster_advertise = \"http://gw-1:7070\"",
-            "cluster_advertise = \"-gw:7070\"",
-        ] {
-            let file: FileConfig = toml::from_str(bad).unwrap();
-            assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
-        }
-        let max = FileConfig { max_payload_bytes: Some(MAX_PAYLOAD_LIMIT), ..Default::default() };
-        let cfg = Config::merge(max, FileConfig::default()).unwrap();
-        assert_eq!(cfg.device.send_queue_bytes, 2 * MAX_PAYLOAD_LIMIT, "the queue follows the payload limit");
-        let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
-        assert!(Config::merge(both, FileConfig::default()).is_err());
-    }
-
-    #[test]
-    fn a_wildcard_listener_needs_an_advertised_address() {
-        let container = "listen = \"0.0.0.0:8080\"\npublic_url = \"ws://gw-1.example.net:8080\"\n\
-                         cluster_listen = \"0.0.0.0:7070\"\ncluster_advertise = \"gateway-0.gateway.ns.svc:7070\"";
-        let cfg = Config::merge(FileConfig::default(), toml::from_str(container).unwrap()).unwrap();
-        assert_eq!(cfg.cluster_addr(), "gateway-0.gateway.ns.svc:7070");
-        let default = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
-        assert_eq!(default.cluster_addr(), "127.0.0.1:7070", "without it, the listen address");
-        for ok in ["10.0.0.7:7070", "[fd00::7]:7070", "localhost:1", "n1:65535"] {
-            assert!(is_host_port(ok), "{ok}");
-        }
-    }
-}
+mod tests;

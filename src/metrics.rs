@@ -42,6 +42,8 @@ pub struct Metrics {
     /// Backend publishes by result (`published`, `duplicate`, or the refusal reason such as
     /// `quota_exhausted`).
     pub publishes: Family<ResultLabel, Counter>,
+    /// `sync` pages by result: `read`, or `busy` (the node's page budget was spent).
+    pub sync_pages: Family<ResultLabel, Counter>,
     /// Time for a handshake's claim to commit.
     pub claim_seconds: Histogram,
     /// Permille of handshakes the overload control admits (1000: not overloaded).
@@ -104,6 +106,7 @@ impl Default for Metrics {
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
             publishes: Family::default(),
+            sync_pages: Family::default(),
             admitted_share: Gauge::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
@@ -148,6 +151,7 @@ impl Default for Metrics {
         registry.register("claims", "Route claims by result", m.claims.clone());
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
+        registry.register("sync_pages", "Device sync pages by result (read, busy)", m.sync_pages.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
         registry.register(
             "admitted_share_permille",

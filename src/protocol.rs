@@ -53,6 +53,10 @@ pub enum ServerFrame {
     /// The cursor a `sync` named is older than retention: messages before `oldest` are gone (the
     /// device resyncs from its backend); the retained ones follow.
     SyncGap { oldest: u64 },
+    /// The node's budget for sync pages is spent (a reconnect storm): the sync in progress pauses
+    /// and the node resumes it by itself after about `retry_after_ms`; nothing is skipped and the
+    /// device need not ask again.
+    SyncBusy { retry_after_ms: u64 },
     /// The node is draining; a close 1001 follows.
     Goaway { reason: String },
     /// Answer to a client `ping`.
@@ -143,6 +147,10 @@ mod tests {
         assert_eq!(ClientFrame::Sync { after: 4 }.to_json(), r#"{"t":"sync","after":4}"#);
         let gap: ServerFrame = serde_json::from_str(&ServerFrame::SyncGap { oldest: 8 }.to_json()).unwrap();
         assert_eq!(gap, ServerFrame::SyncGap { oldest: 8 });
+        assert_eq!(
+            ServerFrame::SyncBusy { retry_after_ms: 250 }.to_json(),
+            r#"{"t":"sync_busy","retry_after_ms":250}"#
+        );
     }
 
     #[test]

@@ -103,3 +103,15 @@ fn bad_budgets_are_refused() {
     let r = c.get(0, "/cluster/status").unwrap().json();
     assert!(r["admission_budget"].is_null(), "{r}");
 }
+
+/// The budget can come from the configuration (`cluster_admit_rate`/`_burst`, here as flags):
+/// the bootstrapping node commits it once the cluster forms; a node that joins later shares it.
+#[test]
+fn a_configured_budget_is_committed_at_bootstrap() {
+    let budget = ["--cluster-admit-rate", "30", "--cluster-admit-burst", "9"];
+    let (c, _) = Cluster::form(2, &budget);
+    wait_share(&c, &[0, 1], RATE / 2.0, u64::from(BURST).div_ceil(2), TIMING.settle_bound());
+    let (_, _, committed) = admission(&c, 1).expect("status");
+    assert_eq!(committed["rate_per_s"].as_f64(), Some(RATE), "{committed}");
+    assert_eq!(committed["burst"].as_u64(), Some(u64::from(BURST)), "{committed}");
+}

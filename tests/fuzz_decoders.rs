@@ -882,7 +882,7 @@ const KNOBS: &str = "lease_ms=200000 lease_ms=1099511627776 lease_ms=92233720368
     election_timeout_ms=20000 election_timeout_ms=1099511627776 election_timeout_ms=9223372036854775807 \
     heartbeat_ms=5000 heartbeat_ms=9223372036854775807 retain_ms=9223372036854775807 max_voters=9 snapshot_logs=2 propose_timeout_ms=2 \
     ping_ms=100000 idle_ms=100000 admit_rate=rate admit_burst=2 handshake_timeout_ms=2 header_read_timeout_ms=2 \
-    max_message_bytes=17825792 send_queue=2 send_queue_bytes=3145728 max_connections=1099511627776 drain_rate=rate \
+    max_message_bytes=17825792 send_queue=2 send_queue_bytes=3145728 sync_buffer_bytes=262145 max_connections=1099511627776 drain_rate=rate \
     drain_timeout_ms=1099511627776 retain_count=2 retain_ms=2 max_payload_bytes=1048578 idempotency_ms=1099511627776 \
     idempotency_keys=1099511627776 name=name join=join standby=bool";
 
@@ -950,6 +950,7 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         max_message_bytes: size("max_message_bytes", dd.max_message_bytes),
         send_queue: size("send_queue", dd.send_queue),
         send_queue_bytes: size("send_queue_bytes", dd.send_queue_bytes.max(2 * max_payload_bytes)),
+        sync_buffer_bytes: size("sync_buffer_bytes", dd.sync_buffer_bytes),
         max_connections: size("max_connections", dd.max_connections),
         drain_rate: rate("drain_rate", dd.drain_rate),
         drain_timeout_ms: int("drain_timeout_ms", dd.drain_timeout_ms),
@@ -996,6 +997,7 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         (2..=MAX_PAYLOAD_LIMIT).contains(&d.max_payload_bytes) && d.send_queue_bytes >= 2 * d.max_payload_bytes,
         d.handshake_timeout_ms > 0 && d.header_read_timeout_ms > 0 && d.send_queue > 0,
         (128..=16 << 20).contains(&d.max_message_bytes),
+        ((256 << 10)..=1 << 40).contains(&d.sync_buffer_bytes),
         t.snapshot_logs > 0 && t.propose_timeout_ms > 0,
     ];
     let mut cfg = Config::merge(FileConfig::default(), FileConfig::default()).expect("the defaults are valid");

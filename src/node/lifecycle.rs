@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::Handle;
 use crate::config::{Config, Start};
 use crate::http::HttpClient;
+use crate::machine::Budget;
 
 use crate::protocol::close;
 use crate::ws::registry::Control;
@@ -43,7 +44,12 @@ pub async fn start(
     let mut join: Option<Task> = None;
     match (&cfg.start, fresh) {
         (Start::Bootstrap, true) => match cluster.bootstrap().await {
-            Ok(()) => tracing::info!("bootstrapped a one-node cluster"),
+            Ok(()) => {
+                tracing::info!("bootstrapped a one-node cluster");
+                if let Some(budget) = cfg.cluster_budget {
+                    join = Some(Box::pin(seed_budget(cluster.clone(), budget, cancel.clone())));
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "bootstrap skipped"),
         },
         (Start::Join(addr), _) => {
@@ -55,6 +61,13 @@ pub async fn start(
         (Start::Standby, true) => tracing::info!("standby: waiting to be added with `gateway join`"),
         _ => {}
     }
+    if let (false, Some((rate, burst))) = (fresh, cfg.cluster_budget) {
+        tracing::info!(
+            rate_per_s = rate,
+            burst,
+            "cluster_admit_rate applies when a cluster is bootstrapped; change this cluster's budget with `gateway admission set`"
+        );
+    }
     if !fresh && !cluster.is_initialized().await {
         tracing::info!(
             "this node is not part of a cluster yet: add it with `gateway join --node {}`",
@@ -62,6 +75,28 @@ pub async fn start(
         );
     }
     join
+}
+
+/// Commits the configured cluster budget once this node's fresh cluster can commit (retrying
+/// while it elects itself), unless a budget is already set.
+async fn seed_budget(cluster: Handle, (rate, burst): (f64, u32), cancel: CancellationToken) {
+    let budget = Budget { milli_rate: (rate * 1000.0).round() as u64, burst };
+    loop {
+        if cluster.view().state.admission.is_some() {
+            return;
+        }
+        match cluster.set_admission(Some(budget)).await {
+            Ok(()) => {
+                tracing::info!(rate_per_s = rate, burst, "cluster admission budget committed from the configuration");
+                return;
+            }
+            Err(e) => tracing::debug!(error = %e, "cluster budget not committed yet; retrying"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
 }
 
 /// How a node winds down: a drain (SIGTERM, `gateway drain`), or, when it was removed from the

@@ -38,7 +38,11 @@ use crate::ws::admission::{Admission, Keyed};
 use crate::ws::overload::Overload;
 use crate::ws::registry::{Limits, Registry};
 use crate::ws::session::SessionConfig;
+use crate::ws::sync_budget::SyncBudget;
 use crate::ws::{self, Gate, Mode};
+
+// The config's floor for --sync-buffer-bytes is one sync page as the sessions read it.
+const _: () = assert!(crate::config::SYNC_PAGE_BYTES == crate::ws::stream::PAGE_BYTES);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -202,6 +206,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
             send_queue: d.send_queue,
             send_queue_bytes: d.send_queue_bytes,
         },
+        sync_pages: SyncBudget::new(d.sync_buffer_bytes, metrics.sync_pages.clone()),
         upstream,
         metrics: metrics.clone(),
         tasks: tasks.clone(),

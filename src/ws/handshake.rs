@@ -211,7 +211,14 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         };
         tasks.spawn(tracing::Instrument::in_current_span(ack));
     });
-    let cursor = StreamCursor::new(device.clone(), g.cluster.clone(), acker, stream_head, g.session.send_queue_bytes);
+    let cursor = StreamCursor::new(
+        device.clone(),
+        g.cluster.clone(),
+        acker,
+        stream_head,
+        g.session.send_queue_bytes,
+        g.sync_pages.clone(),
+    );
     let gate = g.clone();
     let cfg = g.session.clone();
     g.metrics.connections.inc();

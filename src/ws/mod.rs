@@ -9,6 +9,7 @@ pub mod placement;
 pub mod registry;
 pub mod session;
 pub mod stream;
+pub mod sync_budget;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,8 @@ pub struct Gate {
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub session: session::SessionConfig,
+    /// The node's room for `sync` pages (`--sync-buffer-bytes`).
+    pub sync_pages: sync_budget::SyncBudget,
     /// Where devices' `up` frames go (issue 13).
     pub upstream: Arc<crate::upstream::Upstream>,
     pub metrics: Arc<Metrics>,

@@ -6,9 +6,10 @@
 //! a `sync` one page at a time between them. Memory per session is bounded in bytes: one message
 //! being read (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small
 //! frames: replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one
-//! sync page ([`super::stream::PAGE_BYTES`]). `up` frames are handed to [`Upstream::submit`]
-//! (refusals answered at once like any reply); the answers of admitted ones come back on the
-//! session's lane, at most `--upstream-max-in-flight-per-device` small frames.
+//! sync page ([`super::stream::PAGE_BYTES`], held against the node's `--sync-buffer-bytes`: a page
+//! that finds no room waits, and the device is told `sync_busy`). `up` frames are handed to
+//! [`Upstream::submit`] (refusals answered at once like any reply); the answers of admitted ones
+//! come back on the session's lane, at most `--upstream-max-in-flight-per-device` small frames.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead};
 use tokio::sync::mpsc;
 
 use super::registry::{Control, Mailbox};
-use super::stream::StreamCursor;
+use super::stream::{Page, StreamCursor};
 use crate::protocol::{close, ClientFrame, ServerFrame};
 use crate::upstream::{Answer, Lane, Upstream};
 
@@ -108,7 +109,13 @@ pub async fn run(
     // Live pushes wait this long for the device's first sync (see StreamCursor::stop_waiting).
     let sync_grace = tokio::time::sleep(SYNC_GRACE);
     tokio::pin!(sync_grace);
+    // A sync the page budget refused waits here; the device is told once per pause streak.
+    let sync_resume = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(sync_resume);
+    let (mut sync_paused, mut busy_told) = (false, false);
     'session: loop {
+        // The sync page being written holds its bytes of the node's budget until the writes end.
+        let mut page_permit = None;
         // Biased: a close the reader asked for must win over the reader's channel closing.
         let frames: Vec<Frame<'static>> = tokio::select! {
             biased;
@@ -175,7 +182,26 @@ pub async fn run(
             }
             _ = &mut sync_grace, if cursor.awaiting_sync() => cursor.stop_waiting().into_iter().map(text).collect(),
             // Lowest priority: the next page of a sync, between everything else.
-            _ = std::future::ready(()), if cursor.syncing() => cursor.sync_page().await.into_iter().map(text).collect(),
+            _ = &mut sync_resume, if sync_paused => {
+                sync_paused = false;
+                continue;
+            }
+            _ = std::future::ready(()), if cursor.syncing() && !sync_paused => match cursor.sync_page().await {
+                Page::Frames(frames, permit) => {
+                    page_permit = permit;
+                    busy_told = false;
+                    frames.into_iter().map(text).collect()
+                }
+                Page::Busy => {
+                    let wait = cursor.retry_after(started.elapsed().as_nanos() as u64);
+                    sync_resume.as_mut().reset(tokio::time::Instant::now() + wait);
+                    sync_paused = true;
+                    if std::mem::replace(&mut busy_told, true) {
+                        continue;
+                    }
+                    vec![text(ServerFrame::SyncBusy { retry_after_ms: wait.as_millis() as u64 }.to_json())]
+                }
+            },
         };
         for frame in frames {
             let is_close = frame.opcode == OpCode::Close;
@@ -207,6 +233,7 @@ pub async fn run(
                 _ => break 'session, // echoed the peer's close, or the write failed / stalled
             }
         }
+        drop(page_permit);
     }
     cursor.flush_ack();
     if stuck {

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::sync_budget::{PagePermit, SyncBudget};
 use crate::cluster::Handle;
 use crate::machine::StreamRead;
 use crate::protocol::{msg_json, ServerFrame};
@@ -38,6 +39,15 @@ pub struct StreamCursor {
     held: Held,
     /// Most payload bytes held (`send_queue_bytes`: the same budget as the session's queue).
     held_budget: usize,
+    /// The node's room for sync pages, shared by every session.
+    pages: SyncBudget,
+}
+
+/// The next page of a sync: its frames and the budget they hold until written, or no room in
+/// the node's budget (the sync stays where it is; ask again after the hint).
+pub enum Page {
+    Frames(Vec<String>, Option<PagePermit>),
+    Busy,
 }
 
 #[derive(Default)]
@@ -58,7 +68,14 @@ struct Syncing {
 }
 
 impl StreamCursor {
-    pub fn new(device: String, cluster: Handle, acker: Acker, head: u64, held_budget: usize) -> StreamCursor {
+    pub fn new(
+        device: String,
+        cluster: Handle,
+        acker: Acker,
+        head: u64,
+        held_budget: usize,
+        pages: SyncBudget,
+    ) -> StreamCursor {
         StreamCursor {
             device,
             cluster,
@@ -71,6 +88,7 @@ impl StreamCursor {
             awaiting_sync: true,
             held: Held::default(),
             held_budget,
+            pages,
         }
     }
 
@@ -170,19 +188,30 @@ impl StreamCursor {
         out
     }
 
+    /// How long a page refused by the node's budget waits (jittered by `seed`).
+    pub fn retry_after(&self, seed: u64) -> std::time::Duration {
+        self.pages.retry_after(seed)
+    }
+
     /// Whether a sync has pages left to send.
     pub fn syncing(&self) -> bool {
         self.syncing.is_some()
     }
 
-    /// The frames of the next page of the sync in progress (the last page ends it).
-    pub async fn sync_page(&mut self) -> Vec<String> {
-        let Some(mut s) = self.syncing.take() else { return Vec::new() };
+    /// The next page of the sync in progress (the last page ends it), holding its bytes of the
+    /// node's page budget; [`Page::Busy`] when the budget is spent (nothing read, nothing lost).
+    pub async fn sync_page(&mut self) -> Page {
+        if self.syncing.is_none() {
+            return Page::Frames(Vec::new(), None);
+        }
+        let Some(mut permit) = self.pages.try_page() else { return Page::Busy };
+        let Some(mut s) = self.syncing.take() else { return Page::Frames(Vec::new(), None) };
         let mut out = Vec::new();
         let Some(read) = self.read(s.next).await else {
             // The store could not be read: this sync ends; the device may ask again.
-            return out;
+            return Page::Frames(out, None);
         };
+        permit.shrink_to(read.messages.iter().map(|(_, m)| m.payload.len()).sum());
         if s.first && read.head.oldest > s.after.saturating_add(1) && read.head.head > s.after {
             out.push(ServerFrame::SyncGap { oldest: read.head.oldest }.to_json());
         }
@@ -199,7 +228,7 @@ impl StreamCursor {
         } else {
             self.syncing = Some(s);
         }
-        out
+        Page::Frames(out, Some(permit))
     }
 
     /// The device confirmed everything up to `seq` (proposed later, coalesced).

@@ -217,6 +217,18 @@ impl Cluster {
         let port = self.nodes[i].cluster_port.to_string();
         self.nodes[i].extra_args = args.iter().map(|a| a.replace("{cluster_port}", &port)).collect();
         self.start(i);
+        if matches!(self.nodes[i].start, Start::Bootstrap) {
+            // Healthy is not yet serving: a bootstrapped node takes devices once its first lease
+            // commits (before that a handshake is 503 not_live, which a loaded machine showed).
+            let addr = self.nodes[i].cluster_addr();
+            wait_until(TIMING.settle_bound(), &format!("{} /readyz on {addr}", self.nodes[i].name), || {
+                match http::request(addr, "GET", "/readyz", &[], None, Duration::from_secs(2)) {
+                    Ok(r) if r.status == 200 => Ok(()),
+                    Ok(r) => Err(format!("status {}: {}", r.status, r.text())),
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            });
+        }
         i
     }
 

@@ -47,29 +47,35 @@ impl Raw {
     /// Reads server frames until a close; its code, or None if the connection ended without one
     /// within `bound`.
     pub fn read_close(&mut self, bound: Duration) -> Option<u16> {
-        self.stream.set_read_timeout(Some(bound)).unwrap();
         loop {
-            let mut h = [0u8; 2];
-            self.stream.read_exact(&mut h).ok()?;
-            let len = match h[1] & 0x7f {
-                126 => {
-                    let mut b = [0u8; 2];
-                    self.stream.read_exact(&mut b).ok()?;
-                    u64::from(u16::from_be_bytes(b))
-                }
-                127 => {
-                    let mut b = [0u8; 8];
-                    self.stream.read_exact(&mut b).ok()?;
-                    u64::from_be_bytes(b)
-                }
-                n => u64::from(n),
-            };
-            let mut payload = vec![0u8; len as usize];
-            self.stream.read_exact(&mut payload).ok()?;
-            if h[0] & 0x0f == 0x8 {
+            let (opcode, payload) = self.next_frame(bound)?;
+            if opcode == 0x8 {
                 return Some(if payload.len() >= 2 { u16::from_be_bytes([payload[0], payload[1]]) } else { 1005 });
             }
         }
+    }
+
+    /// The next server frame (unmasked) as (opcode, payload), or None if none came within `bound`.
+    pub fn next_frame(&mut self, bound: Duration) -> Option<(u8, Vec<u8>)> {
+        self.stream.set_read_timeout(Some(bound)).unwrap();
+        let mut h = [0u8; 2];
+        self.stream.read_exact(&mut h).ok()?;
+        let len = match h[1] & 0x7f {
+            126 => {
+                let mut b = [0u8; 2];
+                self.stream.read_exact(&mut b).ok()?;
+                u64::from(u16::from_be_bytes(b))
+            }
+            127 => {
+                let mut b = [0u8; 8];
+                self.stream.read_exact(&mut b).ok()?;
+                u64::from_be_bytes(b)
+            }
+            n => u64::from(n),
+        };
+        let mut payload = vec![0u8; len as usize];
+        self.stream.read_exact(&mut payload).ok()?;
+        Some((h[0] & 0x0f, payload))
     }
 }
 

@@ -98,8 +98,9 @@ fn memory(before: &Sample, after: &Sample) -> Vec<NodeMemory> {
 }
 
 /// What `gateway plan-storm` predicts for this storm: the affected devices coming back through the
-/// survivors' admission buckets, with the devices' own backoff (full jitter, a first reconnect
-/// within `base`, `Retry-After: 1`).
+/// survivors' admission buckets (their share of the cluster budget once the node is gone, when a
+/// budget is set; else each node's own bucket), with the devices' own backoff (full jitter, a
+/// first reconnect within `base`, `Retry-After: 1`).
 fn model(
     c: &CommonArgs,
     status: &crate::wire::StatusReport,
@@ -107,17 +108,32 @@ fn model(
     devices: u32,
     measured: [Option<u64>; 3],
 ) -> Option<ModelComparison> {
-    let admission = status.admission?;
     let survivors = status.ring.live.iter().filter(|n| *n != node).count() as u32;
     let device = device_config(c, 0, "", &[]);
-    let (rate, burst) = (admission.rate_per_s.round() as u64, u64::from(admission.burst));
     let (base_ms, cap_ms) = (device.base.as_millis() as u64, device.cap.as_millis() as u64);
-    if devices == 0 || survivors == 0 || rate == 0 {
+    if devices == 0 || survivors == 0 {
+        return None;
+    }
+    let (admission, flags) = match status.admission_budget {
+        Some(b) => {
+            let flags = format!("--cluster-rate {} --cluster-burst {}", b.rate_per_s, b.burst);
+            (Admission::cluster_budget(b.rate_per_s, b.burst, survivors), flags)
+        }
+        None => {
+            let a = status.admission?;
+            let (rate, burst) = (a.rate_per_s.round() as u64, u64::from(a.burst));
+            (
+                Admission::TokenBucket { milli_rate_per_s: rate * 1000, burst, nodes: survivors },
+                format!("--rate {rate} --burst {burst}"),
+            )
+        }
+    };
+    if matches!(admission, Admission::TokenBucket { milli_rate_per_s: 0, .. }) {
         return None;
     }
     let storm = StormModel {
         devices,
-        admission: Admission::TokenBucket { rate_per_s: rate, burst, nodes: survivors },
+        admission,
         slot_ms: 10,
         base_ms,
         cap_ms,
@@ -128,9 +144,8 @@ fn model(
         max_seconds: 86_400,
     };
     let predicted = crate::tools::plan::simulate(&storm).ok()?;
-    let command = format!(
-        "plan-storm --devices {devices} --nodes {survivors} --rate {rate} --burst {burst} --base-ms {base_ms} --cap-ms {cap_ms}"
-    );
+    let command =
+        format!("plan-storm --devices {devices} --nodes {survivors} {flags} --base-ms {base_ms} --cap-ms {cap_ms}");
     Some(ModelComparison::new(command, &predicted, measured))
 }
 

@@ -1,6 +1,7 @@
 //! Reconnect-storm planner (`gateway plan-storm`): a pure, seeded, discrete-time model of N
 //! devices dropped at t = 0 coming back through the server's admission, for capacity planning.
-//! No I/O and no clock; uses only [`crate::client::backoff`] for the client's schedule.
+//! No I/O and no clock; uses only [`crate::client::backoff`] for the client's schedule and
+//! [`crate::machine::Budget::share`] for a cluster budget's split, the servers' own rule.
 //!
 //! # The model
 //! - Time advances in slots of `slot_ms`. Every attempt time is rounded **up** to the start of
@@ -11,9 +12,13 @@
 //! - Device `i` belongs to node `i mod nodes` (round-robin), and only that node admits it.
 //! - Admission, per slot:
 //!   - token bucket: each node's bucket starts full with `burst` tokens and refills
-//!     continuously at `rate` tokens/s, capped at `burst`. The refill is accounted exactly
-//!     (in thousandths of a token) at each slot, so fractional tokens carry over; an
-//!     admission takes one whole token.
+//!     continuously at `rate` tokens/s, capped at `burst`. The refill is accounted in
+//!     thousandths of a token at each slot (exactly for a whole rate; a fractional one, such as
+//!     a cluster budget's share, loses under a thousandth of a token per slot), so fractional
+//!     tokens carry over; an admission takes one whole token.
+//!   - cluster budget (`--cluster-rate R --cluster-burst B`, as `gateway admission set`): the
+//!     same buckets, each node at its share as the servers compute it: `R / nodes` tokens/s and
+//!     `ceil(B / nodes)` (at least 1) tokens, so the cluster admits ≈ R whatever `--nodes`.
 //!   - fixed capacity: at most `per_slot` admissions per slot across the cluster; unused
 //!     capacity does not carry over.
 //! - Within a slot, attempts are admitted most-failures-first (devices that have waited
@@ -42,10 +47,21 @@ pub use sim::simulate;
 /// How the cluster admits handshakes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// A token bucket per node: `burst` tokens, refilled at `rate_per_s`.
-    TokenBucket { rate_per_s: u64, burst: u64, nodes: u32 },
+    /// A token bucket per node: `burst` tokens, refilled at `milli_rate_per_s / 1000` tokens/s
+    /// (thousandths: a cluster budget divided among the nodes is rarely a whole rate).
+    TokenBucket { milli_rate_per_s: u64, burst: u64, nodes: u32 },
     /// At most `per_slot` admissions per slot across the cluster.
     PerSlot { per_slot: u64 },
+}
+
+impl Admission {
+    /// `nodes` buckets, each at its share of a cluster budget of `rate_per_s` handshakes per
+    /// second and `burst` (as the servers split it).
+    pub fn cluster_budget(rate_per_s: f64, burst: u32, nodes: u32) -> Admission {
+        let budget = crate::machine::Budget { milli_rate: (rate_per_s * 1000.0).round() as u64, burst };
+        let (rate, burst) = budget.share(nodes.max(1) as usize);
+        Admission::TokenBucket { milli_rate_per_s: (rate * 1000.0).round() as u64, burst: u64::from(burst), nodes }
+    }
 }
 
 /// The client's retry spread.

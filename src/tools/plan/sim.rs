@@ -91,10 +91,10 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
     schedule_first_attempts(m, nodes, &mut cal, &mut rng);
 
     let mut gate = match m.admission {
-        Admission::TokenBucket { rate_per_s, burst, .. } => Gate::Buckets {
+        Admission::TokenBucket { milli_rate_per_s, burst, .. } => Gate::Buckets {
             milli_tokens: vec![burst.saturating_mul(MILLI); nodes as usize],
             refilled_at: vec![0; nodes as usize],
-            refill_per_slot: rate_per_s.saturating_mul(m.slot_ms),
+            refill_per_slot: milli_rate_per_s.saturating_mul(m.slot_ms) / 1000,
             full: burst.saturating_mul(MILLI),
         },
         Admission::PerSlot { per_slot } => Gate::PerSlot { per_slot, left: per_slot },
@@ -195,8 +195,8 @@ fn validate(m: &StormModel) -> Result<u32, PlanError> {
     let nonzero = |v: u64, name| if v == 0 { Err(PlanError::Zero { name }) } else { Ok(()) };
     nonzero(m.slot_ms, "slot_ms")?;
     match m.admission {
-        Admission::TokenBucket { rate_per_s, burst, nodes } => {
-            nonzero(rate_per_s, "rate")?;
+        Admission::TokenBucket { milli_rate_per_s, burst, nodes } => {
+            nonzero(milli_rate_per_s, "rate")?;
             nonzero(burst, "burst")?;
             nonzero(u64::from(nodes), "nodes")?;
             Ok(nodes)

@@ -16,7 +16,8 @@ fn per_slot(devices: u32, per_slot: u64) -> StormModel {
 }
 
 fn bucket(devices: u32, rate_per_s: u64, burst: u64, nodes: u32) -> StormModel {
-    StormModel { admission: Admission::TokenBucket { rate_per_s, burst, nodes }, ..per_slot(devices, 1) }
+    let milli_rate_per_s = rate_per_s * 1000;
+    StormModel { admission: Admission::TokenBucket { milli_rate_per_s, burst, nodes }, ..per_slot(devices, 1) }
 }
 
 /// The 3-node fleet from the README: rate 500/s, burst 100, base 1 s, cap 30 s, no Retry-After.
@@ -198,4 +199,19 @@ fn rejects_unrunnable_models() {
     assert_eq!(simulate(&StormModel { slot_ms: 0, ..per_slot(1, 1) }), Err(PlanError::Zero { name: "slot_ms" }));
     let huge = StormModel { slot_ms: 1, cap_ms: 10_000_000, ..per_slot(1, 1) };
     assert!(matches!(simulate(&huge), Err(PlanError::TooManySlots { .. })));
+}
+
+#[test]
+fn a_cluster_budget_admits_the_same_rate_whatever_the_node_count() {
+    // 6000 devices at t = 0 retrying within 30 ms, a budget of 600/s burst 60: split over 2, 3
+    // or 4 nodes the cluster takes the same ~10 s (the burst, then 600/s); per-node buckets of
+    // 600/s each would take 10 s / nodes.
+    let at = |nodes: u32| {
+        let m = StormModel { admission: Admission::cluster_budget(600.0, 60, nodes), ..per_slot(6000, 1) };
+        simulate(&m).unwrap().all_connected_ms.expect("everyone connects")
+    };
+    let times: Vec<u64> = [2, 3, 4].into_iter().map(at).collect();
+    for t in &times {
+        assert!((9_000..=11_000).contains(t), "{times:?}");
+    }
 }
