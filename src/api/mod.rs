@@ -71,9 +71,21 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         let api = api.clone();
         async move { handle(&api, req).await }
     };
-    // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
-    crate::server::serve("cluster", listener, Duration::from_secs(10), 8192 + 4096 * 100, conns, shutdown, handler)
-        .await
+    let what = crate::server::Listener {
+        name: "cluster",
+        header_read_timeout: Duration::from_secs(10),
+        // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
+        max_head_bytes: 8192 + 4096 * 100,
+        quiet: quiet_path,
+    };
+    crate::server::serve(what, listener, conns, shutdown, handler).await
+}
+
+/// Paths called many times a second by members and monitors: their access lines are at debug level.
+fn quiet_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/cluster/ping" | "/cluster/status")
+        || path.starts_with("/raft/")
+        || path.starts_with("/cluster/propose/")
 }
 
 async fn handle(api: &Api, req: Request<Incoming>) -> Resp {

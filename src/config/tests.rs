@@ -1,0 +1,102 @@
+use super::*;
+
+#[test]
+fn flags_beat_file_beats_defaults() {
+    let file: FileConfig = toml::from_str("lease_ms = 12000\nsweep_ms = 500\nname = \"from-file\"").unwrap();
+    let flags = FileConfig { lease_ms: Some(9000), ..Default::default() };
+    let cfg = Config::merge(flags, file).unwrap();
+    assert_eq!(cfg.timing.lease_ms, 9000);
+    assert_eq!(cfg.timing.sweep_ms, 500);
+    assert_eq!(cfg.timing.election_timeout_ms, Timing::default().election_timeout_ms);
+    assert_eq!(cfg.name.as_deref(), Some("from-file"));
+    assert_eq!(cfg.start, Start::Bootstrap);
+}
+
+#[test]
+fn a_handshake_waits_out_an_election_by_default() {
+    let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+    assert_eq!(cfg.device.handshake_timeout_ms, 4 * cfg.timing.election_timeout_ms + 1_000);
+    let fast = FileConfig {
+        election_timeout_ms: Some(100),
+        heartbeat_ms: Some(40),
+        lease_ms: Some(1000),
+        ..Default::default()
+    };
+    assert_eq!(Config::merge(fast, FileConfig::default()).unwrap().device.handshake_timeout_ms, 3_000);
+    let set = FileConfig { handshake_timeout_ms: Some(700), ..Default::default() };
+    assert_eq!(Config::merge(set, FileConfig::default()).unwrap().device.handshake_timeout_ms, 700);
+}
+
+#[test]
+fn example_config_is_valid() {
+    let file: FileConfig = toml::from_str(include_str!("../../deploy/gateway.example.toml")).unwrap();
+    let cfg = Config::merge(FileConfig::default(), file).unwrap();
+    assert_eq!(cfg.timing, Timing::default(), "the example documents the defaults");
+    let defaults = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+    assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
+}
+
+#[test]
+fn refuses_bad_values_and_unknown_keys() {
+    assert!(toml::from_str::<FileConfig>("leese_ms = 1").is_err());
+    for bad in [
+        "max_voters = 4",
+        "max_voters = 9",
+        "election_timeout_ms = 100\nheartbeat_ms = 100",
+        "sweep_ms = 0",
+        "lease_ms = 4000\nelection_timeout_ms = 1000",
+        "max_payload_bytes = 1048577",
+        "election_timeout_ms = 2305843009213693952\nlease_ms = 9223372036854775807",
+        "election_timeout_ms = 4611686018427387904",
+        "retain_ms = 1099511627777",
+        "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
+        "send_queue_bytes = 1000",
+        "max_payload_bytes = 1",
+        "cluster_listen = \"0.0.0.0:7070\"",
+        "listen = \"0.0.0.0:8080\"",
+        "cluster_advertise = \"0.0.0.0:7070\"",
+        "cluster_advertise = \"gw-1\"",
+        "cluster_advertise = \"gw_1:7070\"",
+        "cluster_advertise = \"gw-1:0\"",
+        "cluster_advertise = \"http://gw-1:7070\"",
+        "cluster_advertise = \"-gw:7070\"",
+    ] {
+        let file: FileConfig = toml::from_str(bad).unwrap();
+        assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
+    }
+    let max = FileConfig { max_payload_bytes: Some(MAX_PAYLOAD_LIMIT), ..Default::default() };
+    let cfg = Config::merge(max, FileConfig::default()).unwrap();
+    assert_eq!(cfg.device.send_queue_bytes, 2 * MAX_PAYLOAD_LIMIT, "the queue follows the payload limit");
+    let both = FileConfig { join: Some("x:1".into()), standby: Some(true), ..Default::default() };
+    assert!(Config::merge(both, FileConfig::default()).is_err());
+}
+
+#[test]
+fn a_wildcard_listener_needs_an_advertised_address() {
+    let container = "listen = \"0.0.0.0:8080\"\npublic_url = \"ws://gw-1.example.net:8080\"\n\
+                     cluster_listen = \"0.0.0.0:7070\"\ncluster_advertise = \"gateway-0.gateway.ns.svc:7070\"";
+    let cfg = Config::merge(FileConfig::default(), toml::from_str(container).unwrap()).unwrap();
+    assert_eq!(cfg.cluster_addr(), "gateway-0.gateway.ns.svc:7070");
+    let default = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+    assert_eq!(default.cluster_addr(), "127.0.0.1:7070", "without it, the listen address");
+    for ok in ["10.0.0.7:7070", "[fd00::7]:7070", "localhost:1", "n1:65535"] {
+        assert!(is_host_port(ok), "{ok}");
+    }
+}
+
+#[test]
+fn the_effective_configuration_reads_back_as_the_same_configuration() {
+    let file: FileConfig = toml::from_str(
+        "log_format = \"json\"\nname = \"n7\"\nlease_ms = 12000\njoin = \"n1:7070\"\nadmit_rate = 2.5\n\
+         cluster_listen = \"0.0.0.0:7070\"\ncluster_advertise = \"n7:7070\"",
+    )
+    .unwrap();
+    let cfg = Config::merge(FileConfig::default(), file).unwrap();
+    assert_eq!(cfg.log_format, LogFormat::Json);
+    let text = cfg.effective_toml();
+    let again = Config::merge(FileConfig::default(), toml::from_str(&text).unwrap()).unwrap();
+    assert_eq!((again.timing, again.device), (cfg.timing.clone(), cfg.device.clone()), "{text}");
+    assert_eq!((again.start, again.log_format, again.name), (cfg.start, cfg.log_format, cfg.name), "{text}");
+    assert!(text.contains("lease_ms = 12000") && text.contains("handshake_timeout_ms = 5000"), "{text}");
+    assert!(toml::from_str::<FileConfig>("log_format = \"xml\"").is_err());
+}
