@@ -15,7 +15,8 @@
 //!   stream, membership, status) over the batching proposer (followers forward to the leader),
 //!   blocking-pool reads and openraft; `ClusterWatch`, the view on a watch channel.
 //! - [`ws`] the public listener: admission, placement, handshake, sessions and their registry.
-//! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, claims, publishes, metrics;
+//! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, claims, publishes, metrics,
+//!   the status page (`/ui`: ring, members, events; the cluster secret, Basic auth on its GETs);
 //!   the cluster secret reaches all of it, a backend secret publishes and reads routes only.
 //! - [`answer`] HTTP answers and the one mapping from a write's reply or error to status, reason
 //!   and `Retry-After`, shared by [`ws`] and [`api`].

@@ -31,8 +31,8 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         // The edges see the cluster through the port only.
         "ws" => &["cluster", "machine", "view", "protocol", "answer", "token", "metrics", "clock", "server"],
         "api" => &[
-            "cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server", "protocol",
-            "secrets",
+            "cluster", "machine", "view", "answer", "token", "metrics", "http", "config", "wire", "ws", "server",
+            "protocol", "secrets",
         ],
         "client" => &["protocol"],
         "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],

@@ -10,6 +10,7 @@ mod admin;
 mod messages;
 mod raft_rpc;
 mod tenants;
+pub mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub struct Api {
     pub mode: tokio::sync::watch::Receiver<crate::ws::Mode>,
     /// Cancelled to start a drain (`POST /cluster/drain`), as SIGTERM does.
     pub drain: CancellationToken,
+    /// Recent membership and ring events for the status page (`ui::events::record` fills it).
+    pub ui_events: Arc<ui::events::EventLog>,
 }
 
 /// `{"error": reason, "message": message}` with `status`.
@@ -83,7 +86,7 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
 
 /// Paths called many times a second by members and monitors: their access lines are at debug level.
 fn quiet_path(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/cluster/ping" | "/cluster/status")
+    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/cluster/ping" | "/cluster/status" | "/ui/live")
         || path.starts_with("/raft/")
         || path.starts_with("/cluster/propose/")
 }
@@ -100,6 +103,8 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, "/healthz") => return crate::answer::json(StatusCode::OK, &serde_json::json!({"ok": true})),
         (&Method::GET, "/readyz") => return admin::readyz(api),
         (&Method::GET, "/metrics") => return admin::metrics(api),
+        // Its own auth: the cluster secret, Basic auth too (read-only paths).
+        (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req),
         _ => {}
     }
     let Some(caller) = caller(api, &req) else {

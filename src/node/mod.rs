@@ -171,6 +171,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         stop: stop.clone(),
         mode: mode.clone(),
         drain: drain_requested.clone(),
+        ui_events: Arc::default(),
     });
     let d = &cfg.device;
     let gate = Arc::new(Gate {
@@ -231,6 +232,8 @@ impl Node {
             tasks.spawn(task.instrument(tracing::info_span!("task", name)));
         };
         let conns = TaskTracker::new();
+        let ui_events = api::ui::events::record(cluster.clone(), api.ui_events.clone(), stop.clone());
+        spawn("ui-events", Box::pin(ui_events));
         spawn("cluster-listener", Box::pin(api::run(cluster_listener, api, conns.clone(), stop.clone())));
         spawn("public-listener", Box::pin(ws::run(public, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
