@@ -93,6 +93,10 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
         lines.push(v);
     }
     println!("[ops_json_logs] {} JSON lines on stderr", lines.len());
+    // The start line is a log line too (a container runtime merges stdout into the same stream).
+    let stdout = std::fs::read_to_string(&c.nodes[0].stdout_path).unwrap();
+    assert!(stdout.is_empty(), "nothing but JSON lines, on stderr: {stdout}");
+    assert!(lines.iter().any(|l| l["fields"]["message"] == "listening" && l["fields"]["node"] == "n1"));
     assert!(lines.len() >= 20, "the node logged: {text}");
 
     // The admin call's access line carries the caller's id; the replaced one carries the new id.
