@@ -15,13 +15,15 @@
 //!   stream, membership, status) over the batching proposer (followers forward to the leader),
 //!   blocking-pool reads and openraft; `ClusterWatch`, the view on a watch channel.
 //! - [`ws`] the public listener: admission, placement, handshake, sessions and their registry.
-//! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, claims, publishes, metrics;
+//! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, claims, publishes, metrics,
+//!   the status page (`/ui`: ring, members, events; the cluster secret, Basic auth on its GETs);
 //!   the cluster secret reaches all of it, a backend secret publishes and reads routes only.
 //! - [`answer`] HTTP answers and the one mapping from a write's reply or error to status, reason
 //!   and `Retry-After`, shared by [`ws`] and [`api`].
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
 //!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing).
-//! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline).
+//! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline), request
+//!   ids (`x-request-id`, a span per request) and the access line.
 //! - [`upstream`] device → backend delivery of `up` frames: in-flight bounds, one deadline per
 //!   up, safe retries within a retry budget, a circuit breaker per endpoint (pure `breaker` and
 //!   `budget`); the session only hands ups over and writes the answers.
@@ -29,11 +31,12 @@
 //! - [`protocol`] every device wire frame and the close codes (shared by server and client).
 //! - [`token`] device tokens (HS256 JWT): mint and verify; [`secrets`] secret files and env.
 //! - [`wire`] JSON bodies of the admin API (status report, join/leave, membership).
-//! - [`config`] flags/env/TOML → validated `Config`; [`cli`] the command line; [`codec`] the only
-//!   place that names bincode; [`clock`] the wall clock; [`http`] the pooled HTTP client;
-//!   [`metrics`] the Prometheus registry.
+//! - [`config`] flags/env/TOML → validated `Config`, and back to TOML for `check-config`; [`cli`]
+//!   the command line; [`codec`] the only place that names bincode; [`clock`] the wall clock;
+//!   [`http`] the pooled HTTP client; [`metrics`] the Prometheus registry.
 //! - [`client`] the reconnecting device client: full-jitter backoff, dial, policy, `Device`.
-//! - [`tools`] beside the server: the admin client, `gateway bench` (load tool), `plan-storm`.
+//! - [`tools`] beside the server: the admin client, `gateway bench` (load tool), `plan-storm`,
+//!   `probe` (the health check of the scratch image).
 //!
 //! # Architecture invariants
 //! Checked on the source text by `tests/tidy.rs`:

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway::cli::{Cli, Command, SecretArgs};
-use gateway::config::{self, Config, ConfigError, FileConfig};
+use gateway::cli::{Cli, Command, SecretArgs, ServeArgs};
+use gateway::config::{self, Config, ConfigError, FileConfig, LogFormat};
 use gateway::http::HttpClient;
 use gateway::node::{self, NodeError};
 use gateway::secrets::{self, SecretError};
@@ -26,30 +26,85 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GATEWAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .init();
+    // `serve` and `check-config` read their configuration first: it says how to log.
+    let cfg = match &cli.command {
+        Command::Serve(args) | Command::CheckConfig(args) => match load_config(args) {
+            Ok(cfg) => Some(cfg),
+            Err(f) => return exit(f, LogFormat::Text),
+        },
+        _ => None,
+    };
+    let format = cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format);
+    init_tracing(format);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(run(cli)) {
+    match rt.block_on(run(cli, cfg)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(msg)) => {
-            eprintln!("gateway: {msg}");
-            ExitCode::from(EXIT_USAGE)
-        }
-        Err(Failure::Config(msg)) => {
-            eprintln!("gateway: {msg}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        Err(Failure::Runtime(msg)) => {
-            eprintln!("gateway: {msg}");
-            ExitCode::FAILURE
-        }
+        Err(f) => exit(f, format),
     }
+}
+
+/// Log lines go to stderr, as text (colours only on a terminal) or as one JSON object per line.
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GATEWAY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).init(),
+    }
+}
+
+/// Reports a failure (as a log line when the log is JSON, so that every stderr line parses) and
+/// maps it to its exit code.
+fn exit(f: Failure, format: LogFormat) -> ExitCode {
+    let (code, msg) = match f {
+        Failure::Usage(msg) => (EXIT_USAGE, msg),
+        Failure::Config(msg) => (EXIT_CONFIG, msg),
+        Failure::Runtime(msg) => (1, msg),
+    };
+    match format {
+        LogFormat::Json => tracing::error!(exit_code = code, error = %msg, "gateway stopped"),
+        LogFormat::Text => eprintln!("gateway: {msg}"),
+    }
+    ExitCode::from(code)
+}
+
+/// The configuration `serve` runs with: flags and `GATEWAY_*` (clap folds them together) over the
+/// `--config` file over defaults.
+fn load_config(args: &ServeArgs) -> Result<Config, Failure> {
+    let file = match &args.config {
+        Some(path) => config::load_file(path)?,
+        None => FileConfig::default(),
+    };
+    Ok(Config::merge(args.to_layer(), file)?)
+}
+
+/// `gateway check-config`: the configuration was read and validated like `serve`'s; check the
+/// secret sources as a start would (generating nothing) and print what is in force.
+fn check_config(cfg: &Config) -> Result<(), Failure> {
+    let dir = &cfg.data_dir;
+    let named = |what: &str, r: Result<String, SecretError>| {
+        r.map_err(|e| Failure::Config(format!("invalid configuration: {what}: {e}")))
+    };
+    let cluster = named(
+        "cluster_secret_file (or GATEWAY_CLUSTER_SECRET)",
+        secrets::inspect("GATEWAY_CLUSTER_SECRET", cfg.cluster_secret_file.as_deref(), dir, "cluster.secret"),
+    )?;
+    let device = named(
+        "device_secret_file (or GATEWAY_DEVICE_SECRET)",
+        secrets::inspect("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), dir, "device.secret"),
+    )?;
+    let backend = named(
+        "backend_secret_file (or GATEWAY_BACKEND_SECRET)",
+        secrets::inspect_backend(cfg.backend_secret_file.as_deref(), dir),
+    )?;
+    println!("# gateway check-config: the configuration `gateway serve` would run with (valid).");
+    println!("# Secrets are read from (values never shown):");
+    println!("#   cluster secret:  {cluster}");
+    println!("#   device secret:   {device}");
+    println!("#   backend secrets: {backend}");
+    print!("{}", cfg.effective_toml());
+    Ok(())
 }
 
 enum Failure {
@@ -90,15 +145,17 @@ fn admin(secret: &SecretArgs) -> Result<Admin, Failure> {
     Ok(Admin::new(HttpClient::new(&s)))
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn run(cli: Cli, cfg: Option<Config>) -> Result<(), Failure> {
     match cli.command {
-        Command::Serve(args) => {
-            let file = match &args.config {
-                Some(path) => config::load_file(path)?,
-                None => FileConfig::default(),
-            };
-            let cfg = Config::merge(args.to_layer(), file)?;
-            node::serve(cfg).await?;
+        Command::Serve(_) => node::serve(cfg.expect("serve reads its configuration first")).await?,
+        Command::CheckConfig(_) => check_config(cfg.as_ref().expect("check-config reads the configuration first"))?,
+        Command::Probe { url, timeout_ms } => {
+            use gateway::tools::probe::{probe, ProbeError};
+            match probe(&url, Duration::from_millis(timeout_ms)).await {
+                Ok(status) => println!("{url}: {status}"),
+                Err(e @ ProbeError::BadUrl(_)) => return Err(Failure::Usage(e.to_string())),
+                Err(e) => return Err(Failure::Runtime(e.to_string())),
+            }
         }
         Command::Join { cluster, node, secret } => {
             let admin = admin(&secret)?;

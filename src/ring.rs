@@ -201,6 +201,40 @@ impl Ring {
     }
 }
 
+/// A stretch of the hash circle one node owns: the hashes in `(start, end]`, clockwise (wrapping
+/// past `u64::MAX` when `end <= start`; `start == end` is the whole circle, a one-node ring).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingArc {
+    pub node: String,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Ring {
+    /// The circle as arcs, clockwise, neighbouring arcs of one node merged: what a picture of the
+    /// ring draws (the status page). Empty for an empty ring.
+    pub fn arcs(&self) -> Vec<RingArc> {
+        let clockwise = self.ring.get_with_replicas(&Key(b""), usize::MAX).unwrap_or_default();
+        let points: Vec<u64> = clockwise.iter().map(|v| OneWrite.hash_one(v)).collect();
+        let previous = points.iter().cycle().skip(points.len().saturating_sub(1));
+        let mut arcs: Vec<RingArc> = Vec::new();
+        for ((v, &end), &start) in clockwise.iter().zip(&points).zip(previous) {
+            let node = &self.nodes[v.node as usize];
+            match arcs.last_mut() {
+                // Of tied points only the first owns anything.
+                _ if start == end && points.len() > 1 => {}
+                Some(last) if last.node == *node => last.end = end,
+                _ => arcs.push(RingArc { node: node.clone(), start, end }),
+            }
+        }
+        if arcs.len() > 1 && arcs[0].node == arcs[arcs.len() - 1].node {
+            let last = arcs.pop().expect("two or more");
+            arcs[0].start = last.start;
+        }
+        arcs
+    }
+}
+
 // By hand: `HashRing` is not `Eq` (its `PartialEq` compares points only) and has `Default` only for
 // SipHash. The ring is a pure function of its sorted names, so they are its identity (and `Debug`).
 impl PartialEq for Ring {
@@ -229,6 +263,35 @@ mod tests {
     use proptest::prelude::*;
 
     const KEYS_PER_CASE: usize = 2000;
+
+    #[test]
+    fn arcs_cover_the_circle_once_and_agree_with_owners_and_shares() {
+        assert!(Ring::default().arcs().is_empty());
+        let one = Ring::new(["solo"]).arcs();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].start, one[0].end, "one node: the whole circle");
+        let ring = Ring::new(["n1", "n2", "n3"]);
+        let arcs = ring.arcs();
+        assert!(arcs.len() > 3 && arcs.len() <= 3 * VNODES as usize, "{}", arcs.len());
+        let total: u128 = arcs.iter().map(|a| u128::from(a.end.wrapping_sub(a.start))).sum();
+        assert_eq!(total, 1u128 << 64, "the arcs cover the circle exactly once");
+        for (a, b) in arcs.iter().zip(arcs.iter().cycle().skip(1)) {
+            assert_eq!(a.end, b.start, "contiguous");
+            assert_ne!(a.node, b.node, "merged");
+        }
+        let shares = ring.shares();
+        for name in ["n1", "n2", "n3"] {
+            let owned: u128 =
+                arcs.iter().filter(|a| a.node == name).map(|a| u128::from(a.end.wrapping_sub(a.start))).sum();
+            assert!((owned as f64 / 2f64.powi(64) - shares[name]).abs() < 1e-9, "{name}");
+        }
+        // A key hashing into an arc belongs to the arc's node.
+        for key in keys(7).iter().take(500) {
+            let h = key_hash(key);
+            let arc = arcs.iter().find(|a| h.wrapping_sub(a.start).wrapping_sub(1) < a.end.wrapping_sub(a.start));
+            assert_eq!(arc.map(|a| a.node.as_str()), ring.owner(key), "{h}");
+        }
+    }
 
     fn keys(seed: u64) -> Vec<Vec<u8>> {
         (0..KEYS_PER_CASE).map(|i| format!("device-{seed}-{i}").into_bytes()).collect()

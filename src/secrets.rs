@@ -51,6 +51,38 @@ pub fn secret(
     }
 }
 
+/// Where [`secret`] would take this secret from, checked the same way but never generated and
+/// never returned (`gateway check-config`): `$VAR`, a file, or the data dir's file (which a first
+/// start generates when it is missing).
+pub fn inspect(env_var: &str, file: Option<&Path>, dir: &Path, generated_name: &str) -> Result<String, SecretError> {
+    if let Ok(v) = std::env::var(env_var) {
+        check(trim(v.into_bytes()), env_var)?;
+        return Ok(format!("${env_var}"));
+    }
+    let path = file.map_or_else(|| dir.join(generated_name), Path::to_path_buf);
+    match std::fs::read(&path) {
+        Ok(bytes) => check(trim(bytes), &path.display().to_string()).map(|_| path.display().to_string()),
+        Err(e) if file.is_none() && e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(format!("{} (generated on first start)", path.display()))
+        }
+        Err(e) => Err(SecretError(format!("cannot read secret file {}: {e}", path.display()))),
+    }
+}
+
+/// [`inspect`] for the backend secrets ([`BackendSecrets::load`]'s sources and rules).
+pub fn inspect_backend(file: Option<&Path>, dir: &Path) -> Result<String, SecretError> {
+    const ENV: &str = "GATEWAY_BACKEND_SECRET";
+    if let Ok(v) = std::env::var(ENV) {
+        let keys = parse_backend(v.replace(',', "\n").as_bytes(), &format!("${ENV}"))?;
+        return Ok(format!("${ENV} ({} secrets)", keys.len()));
+    }
+    let path = file.map_or_else(|| dir.join("backend.secret"), Path::to_path_buf);
+    if file.is_none() && !path.exists() {
+        return Ok(format!("{} (generated on first start)", path.display()));
+    }
+    Ok(format!("{} ({} secrets)", path.display(), read_backend(&path)?.len()))
+}
+
 /// Writes a fresh random secret (64 hex characters) to `path`, mode 0600, durably.
 fn generate(path: &Path) -> Result<Vec<u8>, SecretError> {
     let mut raw = [0u8; 32];

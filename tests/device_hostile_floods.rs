@@ -11,15 +11,14 @@ use std::time::{Duration, Instant};
 
 use common::raw::{open_file_limit, rss_bytes, Raw};
 use common::ws::Dial;
-use common::{wait_until, Cluster, Start, SLACK};
+use common::{wait_until, Cluster, SLACK};
 
 const HEADER_READ_TIMEOUT_MS: u64 = 500;
 
 fn node() -> Cluster {
     let timeout = HEADER_READ_TIMEOUT_MS.to_string();
-    let mut c = Cluster::with_args(&["--header-read-timeout-ms", &timeout, "--admit-rate", "1000"]);
-    c.spawn("n1", Start::Bootstrap);
-    c
+    // Formed: healthy is not yet live (a handshake before the first lease commits gets 503 not_live).
+    Cluster::with_args(&["--header-read-timeout-ms", &timeout, "--admit-rate", "1000"]).form_nodes(1).0
 }
 
 /// A device can still connect and get its hello.

@@ -20,7 +20,7 @@ use common::b64;
 use gateway::cluster::ProposeError;
 use gateway::codec::{decode, encode, CodecError, VERSION};
 use gateway::config::{
-    Config, ConfigError, DeviceConfig, FileConfig, Start, Timing, MAX_DURATION_MS, MAX_PAYLOAD_LIMIT,
+    Config, ConfigError, DeviceConfig, FileConfig, LogFormat, Start, Timing, MAX_DURATION_MS, MAX_PAYLOAD_LIMIT,
 };
 use gateway::machine::{
     Ack, Budget, Claim, ClaimReply, Command, Drain, ExtendLeases, Forget, Init, Member, NodeId, Publish, PublishReply,
@@ -884,7 +884,7 @@ const KNOBS: &str = "lease_ms=200000 lease_ms=1099511627776 lease_ms=92233720368
     ping_ms=100000 idle_ms=100000 admit_rate=rate admit_burst=2 handshake_timeout_ms=2 header_read_timeout_ms=2 \
     max_message_bytes=17825792 send_queue=2 send_queue_bytes=3145728 sync_buffer_bytes=262145 max_connections=1099511627776 drain_rate=rate \
     drain_timeout_ms=1099511627776 retain_count=2 retain_ms=2 max_payload_bytes=1048578 idempotency_ms=1099511627776 \
-    idempotency_keys=1099511627776 name=name join=join standby=bool";
+    idempotency_keys=1099511627776 name=name join=join standby=bool log_format=format";
 
 fn knobs() -> Vec<(&'static str, &'static str)> {
     KNOBS.split_whitespace().map(|k| k.split_once('=').expect("key=kind")).collect()
@@ -901,6 +901,7 @@ fn knob() -> impl Strategy<Value = (&'static str, toml::Value)> {
             "name" => toml::Value::String(name),
             "join" => toml::Value::String(format!("127.0.0.1:{}", n % 65536)),
             "bool" => toml::Value::Boolean(b),
+            "format" => toml::Value::String(if b { "json" } else { "text" }.into()),
             max => toml::Value::Integer((n % (max.parse::<u64>().expect("a max") + 1)) as i64),
         };
         (key, value)
@@ -1000,8 +1001,12 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         ((256 << 10)..=1 << 40).contains(&d.sync_buffer_bytes),
         t.snapshot_logs > 0 && t.propose_timeout_ms > 0,
     ];
+    let log_format = match get("log_format").and_then(toml::Value::as_str) {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    };
     let mut cfg = Config::merge(FileConfig::default(), FileConfig::default()).expect("the defaults are valid");
-    (cfg.name, cfg.start, cfg.timing, cfg.device) = (name, start, t, d);
+    (cfg.name, cfg.start, cfg.timing, cfg.device, cfg.log_format) = (name, start, t, d, log_format);
     rules.iter().all(|ok| *ok).then_some(cfg)
 }
 
@@ -1010,6 +1015,7 @@ fn merges_as_documented(flags: FileConfig, file: FileConfig, want: Option<Config
     match (Config::merge(flags, file), want) {
         (Ok(got), Some(want)) => {
             prop_assert_eq!((&got.name, &got.start, &got.timing), (&want.name, &want.start, &want.timing));
+            prop_assert_eq!(got.log_format, want.log_format);
             prop_assert_eq!(got.device, want.device);
         }
         (Err(ConfigError::Invalid(_)), None) => {}
@@ -1059,6 +1065,7 @@ proptest! {
             "rate" => [s, b, a, V::Table(toml::Table::new())],
             "name" | "join" => [V::Integer(1), b, f, a],
             "bool" => [V::Integer(1), s, f, a],
+            "format" => [V::Integer(1), b, f, V::String("xml".into())],
             _ => [s, b, f, V::Integer(-1)],
         };
         let t: toml::Table = [(key.to_string(), wrong[pick].clone())].into_iter().collect();

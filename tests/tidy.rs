@@ -35,8 +35,8 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         // Device -> backend delivery: its config section, its metrics, the frames it answers with.
         "upstream" => &["config", "metrics", "protocol"],
         "api" => &[
-            "cluster", "machine", "answer", "token", "metrics", "http", "config", "wire", "ws", "server", "protocol",
-            "secrets",
+            "cluster", "machine", "view", "answer", "token", "metrics", "http", "config", "wire", "ws", "server",
+            "protocol", "secrets",
         ],
         "client" => &["protocol"],
         "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],

@@ -16,12 +16,17 @@ use crate::token::{valid_device_id, valid_tenant};
 use crate::wire::{AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, NodeRef, PromoteRequest};
 
 pub fn status(api: &Api) -> Resp {
+    json(StatusCode::OK, &report(api))
+}
+
+/// The status report with this node's admission figures.
+pub fn report(api: &Api) -> crate::wire::StatusReport {
     let mut report = api.cluster.report();
     let view = api.cluster.view();
     let (rate_per_s, burst) = view.admission_share().unwrap_or((api.device.admit_rate, api.device.admit_burst));
     report.admission = Some(AdmissionStatus { rate_per_s, burst });
     report.admission_budget = view.state.admission.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
-    json(StatusCode::OK, &report)
+    report
 }
 
 /// `POST /cluster/admission` `{"rate": R, "burst": B}` sets the cluster-wide admission budget

@@ -10,6 +10,7 @@ mod admin;
 mod messages;
 mod raft_rpc;
 mod tenants;
+pub mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub struct Api {
     pub mode: tokio::sync::watch::Receiver<crate::ws::Mode>,
     /// Cancelled to start a drain (`POST /cluster/drain`), as SIGTERM does.
     pub drain: CancellationToken,
+    /// Recent membership and ring events for the status page (`ui::events::record` fills it).
+    pub ui_events: Arc<ui::events::EventLog>,
 }
 
 /// `{"error": reason, "message": message}` with `status`.
@@ -71,9 +74,21 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         let api = api.clone();
         async move { handle(&api, req).await }
     };
-    // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
-    crate::server::serve("cluster", listener, Duration::from_secs(10), 8192 + 4096 * 100, conns, shutdown, handler)
-        .await
+    let what = crate::server::Listener {
+        name: "cluster",
+        header_read_timeout: Duration::from_secs(10),
+        // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
+        max_head_bytes: 8192 + 4096 * 100,
+        quiet: quiet_path,
+    };
+    crate::server::serve(what, listener, conns, shutdown, handler).await
+}
+
+/// Paths called many times a second by members and monitors: their access lines are at debug level.
+fn quiet_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/cluster/ping" | "/cluster/status" | "/ui/live")
+        || path.starts_with("/raft/")
+        || path.starts_with("/cluster/propose/")
 }
 
 async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
@@ -88,6 +103,8 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, "/healthz") => return crate::answer::json(StatusCode::OK, &serde_json::json!({"ok": true})),
         (&Method::GET, "/readyz") => return admin::readyz(api),
         (&Method::GET, "/metrics") => return admin::metrics(api),
+        // Its own auth: the cluster secret, Basic auth too (read-only paths).
+        (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req),
         _ => {}
     }
     let Some(caller) = caller(api, &req) else {

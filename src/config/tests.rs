@@ -1,5 +1,3 @@
-//! The merge and validation rules of [`super::Config`].
-
 use super::*;
 
 #[test]
@@ -27,33 +25,6 @@ fn a_handshake_waits_out_an_election_by_default() {
     assert_eq!(Config::merge(fast, FileConfig::default()).unwrap().device.handshake_timeout_ms, 3_000);
     let set = FileConfig { handshake_timeout_ms: Some(700), ..Default::default() };
     assert_eq!(Config::merge(set, FileConfig::default()).unwrap().device.handshake_timeout_ms, 700);
-}
-
-#[test]
-fn a_cluster_budget_needs_both_halves() {
-    let cfg = |rate, burst| {
-        let f = FileConfig { cluster_admit_rate: rate, cluster_admit_burst: burst, ..Default::default() };
-        Config::merge(f, FileConfig::default())
-    };
-    assert_eq!(cfg(None, None).unwrap().cluster_budget, None);
-    assert_eq!(cfg(Some(50.0), Some(10)).unwrap().cluster_budget, Some((50.0, 10)));
-    for (rate, burst) in [(Some(50.0), None), (None, Some(10)), (Some(0.0), Some(10)), (Some(50.0), Some(0))] {
-        let err = cfg(rate, burst).unwrap_err().to_string();
-        assert!(err.contains("cluster_admit_rate"), "{err}");
-    }
-}
-
-#[test]
-fn the_store_cache_is_bounded_and_in_bytes() {
-    let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
-    assert_eq!(cfg.store_cache_bytes, (DEFAULT_STORE_CACHE_MIB << 20) as usize);
-    let set = FileConfig { store_cache_mib: Some(16), ..Default::default() };
-    assert_eq!(Config::merge(set, FileConfig::default()).unwrap().store_cache_bytes, 16 << 20);
-    for bad in [0, (1 << 20) + 1] {
-        let f = FileConfig { store_cache_mib: Some(bad), ..Default::default() };
-        let err = Config::merge(f, FileConfig::default()).unwrap_err().to_string();
-        assert!(err.contains("store_cache_mib"), "{err}");
-    }
 }
 
 #[test]
@@ -112,5 +83,52 @@ fn a_wildcard_listener_needs_an_advertised_address() {
     assert_eq!(default.cluster_addr(), "127.0.0.1:7070", "without it, the listen address");
     for ok in ["10.0.0.7:7070", "[fd00::7]:7070", "localhost:1", "n1:65535"] {
         assert!(is_host_port(ok), "{ok}");
+    }
+}
+
+#[test]
+fn the_effective_configuration_reads_back_as_the_same_configuration() {
+    let file: FileConfig = toml::from_str(
+        "log_format = \"json\"\nname = \"n7\"\nlease_ms = 12000\njoin = \"n1:7070\"\nadmit_rate = 2.5\n\
+         store_cache_mib = 32\ncluster_admit_rate = 40.5\ncluster_admit_burst = 7\nsync_buffer_bytes = 1048576\n\
+         cluster_listen = \"0.0.0.0:7070\"\ncluster_advertise = \"n7:7070\"",
+    )
+    .unwrap();
+    let cfg = Config::merge(FileConfig::default(), file).unwrap();
+    assert_eq!(cfg.log_format, LogFormat::Json);
+    let text = cfg.effective_toml();
+    let again = Config::merge(FileConfig::default(), toml::from_str(&text).unwrap()).unwrap();
+    assert_eq!((again.timing, again.device), (cfg.timing.clone(), cfg.device.clone()), "{text}");
+    assert_eq!((again.start, again.log_format, again.name), (cfg.start, cfg.log_format, cfg.name), "{text}");
+    assert_eq!((again.store_cache_bytes, again.cluster_budget), (cfg.store_cache_bytes, cfg.cluster_budget), "{text}");
+    assert_eq!(again.upstream, cfg.upstream, "{text}");
+    assert!(text.contains("lease_ms = 12000") && text.contains("handshake_timeout_ms = 5000"), "{text}");
+    assert!(toml::from_str::<FileConfig>("log_format = \"xml\"").is_err());
+}
+
+#[test]
+fn a_cluster_budget_needs_both_halves() {
+    let cfg = |rate, burst| {
+        let f = FileConfig { cluster_admit_rate: rate, cluster_admit_burst: burst, ..Default::default() };
+        Config::merge(f, FileConfig::default())
+    };
+    assert_eq!(cfg(None, None).unwrap().cluster_budget, None);
+    assert_eq!(cfg(Some(50.0), Some(10)).unwrap().cluster_budget, Some((50.0, 10)));
+    for (rate, burst) in [(Some(50.0), None), (None, Some(10)), (Some(0.0), Some(10)), (Some(50.0), Some(0))] {
+        let err = cfg(rate, burst).unwrap_err().to_string();
+        assert!(err.contains("cluster_admit_rate"), "{err}");
+    }
+}
+
+#[test]
+fn the_store_cache_is_bounded_and_in_bytes() {
+    let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
+    assert_eq!(cfg.store_cache_bytes, (DEFAULT_STORE_CACHE_MIB << 20) as usize);
+    let set = FileConfig { store_cache_mib: Some(16), ..Default::default() };
+    assert_eq!(Config::merge(set, FileConfig::default()).unwrap().store_cache_bytes, 16 << 20);
+    for bad in [0, (1 << 20) + 1] {
+        let f = FileConfig { store_cache_mib: Some(bad), ..Default::default() };
+        let err = Config::merge(f, FileConfig::default()).unwrap_err().to_string();
+        assert!(err.contains("store_cache_mib"), "{err}");
     }
 }

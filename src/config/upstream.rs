@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::{is_host_port, ConfigError, MAX_DURATION_MS};
 
 /// `[upstream]` keys in a TOML file, and the flag/env layer (`--upstream-*`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
     pub urls: Option<Vec<String>>,
@@ -103,6 +103,30 @@ pub struct UpstreamConfig {
     pub max_in_flight_bytes: usize,
     /// Largest `up` payload (its JSON text), `payload_too_large` beyond.
     pub max_payload_bytes: usize,
+}
+
+impl UpstreamConfig {
+    /// The `[upstream]` table that gives this configuration (`gateway check-config`).
+    pub fn effective(&self) -> UpstreamFile {
+        UpstreamFile {
+            urls: Some(self.endpoints.iter().map(Endpoint::url).collect()),
+            deadline_ms: Some(self.deadline_ms),
+            try_timeout_ms: Some(self.try_timeout_ms),
+            min_try_ms: Some(self.min_try_ms),
+            max_tries: Some(self.max_tries),
+            backoff_base_ms: Some(self.backoff_base_ms),
+            backoff_cap_ms: Some(self.backoff_cap_ms),
+            retry_ratio: Some(self.retry_ratio),
+            retry_min_per_s: Some(self.retry_min_per_s),
+            retry_window_ms: Some(self.retry_window_ms),
+            breaker_failures: Some(self.breaker_failures),
+            breaker_open_ms: Some(self.breaker_open_ms),
+            max_in_flight: Some(self.max_in_flight),
+            max_in_flight_per_device: Some(self.max_in_flight_per_device),
+            max_in_flight_bytes: Some(self.max_in_flight_bytes),
+            max_payload_bytes: Some(self.max_payload_bytes),
+        }
+    }
 }
 
 impl Default for UpstreamConfig {

@@ -21,7 +21,7 @@ use crate::api::{self, Api};
 use crate::clock::ClusterClock;
 use crate::cluster::proposer::Proposer;
 use crate::cluster::{Handle, Parts};
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::http::HttpClient;
 use crate::machine::{Event, Member};
 use crate::metrics::Metrics;
@@ -177,6 +177,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         stop: stop.clone(),
         mode: mode.clone(),
         drain: drain_requested.clone(),
+        ui_events: Arc::default(),
     });
     let d = &cfg.device;
     let upstream =
@@ -241,6 +242,8 @@ impl Node {
             tasks.spawn(task.instrument(tracing::info_span!("task", name)));
         };
         let conns = TaskTracker::new();
+        let ui_events = api::ui::events::record(cluster.clone(), api.ui_events.clone(), stop.clone());
+        spawn("ui-events", Box::pin(ui_events));
         spawn("cluster-listener", Box::pin(api::run(cluster_listener, api, conns.clone(), stop.clone())));
         spawn("public-listener", Box::pin(ws::run(public, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
@@ -273,14 +276,23 @@ impl Node {
         }
         let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();
-        println!(
-            "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {cluster_src}, device secret {device_src}, backend secrets {backend_src})",
-            m.name,
-            cluster.me(),
-            m.public_url,
-            m.cluster_addr,
-            cfg.data_dir.display(),
-        );
+        if cfg.log_format == LogFormat::Json {
+            // A container runtime merges stdout into the log stream: keep every line JSON there.
+            tracing::info!(
+                node = %m.name, id = cluster.me(), devices = %m.public_url, cluster = %m.cluster_addr,
+                data = %cfg.data_dir.display(), cluster_secret = %cluster_src, device_secret = %device_src,
+                backend_secrets = %backend_src, "listening"
+            );
+        } else {
+            println!(
+                "gateway {} (id {}) listening: devices on {}, cluster on {} (data {}; cluster secret {cluster_src}, device secret {device_src}, backend secrets {backend_src})",
+                m.name,
+                cluster.me(),
+                m.public_url,
+                m.cluster_addr,
+                cfg.data_dir.display(),
+            );
+        }
 
         let drain = tokio::select! {
             _ = shutdown_signal() => true,

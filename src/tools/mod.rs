@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod bench;
 pub mod plan;
+pub mod probe;
 
 use std::path::PathBuf;
 

@@ -96,7 +96,15 @@ const MAX_HEAD_BYTES: usize = 16 << 10;
 pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shutdown: CancellationToken) {
     let timeout = gate.header_read_timeout;
     let handler = move |req| route(gate.clone(), req);
-    crate::server::serve("public", listener, timeout, MAX_HEAD_BYTES, conns, shutdown, handler).await
+    // A reconnect storm is thousands of handshakes a second, counted by reason in the metrics: their
+    // access lines are at debug level (`GATEWAY_LOG=info,gateway::server=debug` shows them).
+    let what = crate::server::Listener {
+        name: "public",
+        header_read_timeout: timeout,
+        max_head_bytes: MAX_HEAD_BYTES,
+        quiet: |_| true,
+    };
+    crate::server::serve(what, listener, conns, shutdown, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer

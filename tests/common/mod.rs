@@ -120,6 +120,8 @@ pub struct Node {
     pub root: PathBuf,
     pub data_dir: PathBuf,
     pub stderr_path: PathBuf,
+    /// The node's stdout (its one "listening" line), apart from its log.
+    pub stdout_path: PathBuf,
     pub start: Start,
     pub extra_args: Vec<String>,
     child: Option<Child>,
@@ -207,6 +209,7 @@ impl Cluster {
             cluster_port: free_port(),
             data_dir: root.join("data"),
             stderr_path: root.join("stderr.log"),
+            stdout_path: root.join("stdout.log"),
             root,
             start,
             extra_args: Vec::new(),
@@ -241,8 +244,9 @@ impl Cluster {
         let mut log = OpenOptions::new().create(true).append(true).open(&node.stderr_path).unwrap();
         writeln!(log, "\n===== harness: spawn #{} of {}: gateway {} =====", node.spawns, node.name, args.join(" "))
             .unwrap();
+        let out = OpenOptions::new().create(true).append(true).open(&node.stdout_path).unwrap();
         let mut cmd = Command::new(bin());
-        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(log.try_clone().unwrap())).stderr(Stdio::from(log));
+        cmd.args(&args).stdin(Stdio::null()).stdout(Stdio::from(out)).stderr(Stdio::from(log));
         scrub_env(&mut cmd);
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         // Test hook of the node's wall clock: see `step_wall_clock`.

@@ -84,6 +84,15 @@ def form(c, _args):
            f"{time.monotonic() - t0:.1f} s after `docker-compose up -d` began (which took {up_s:.1f} s); "
            f"leader {leader}, commit index {s['commit_index']}")
 
+    # The health checks the image carries: `gateway probe http://127.0.0.1:7070/readyz` inside each
+    # container (no shell there), every 5 s.
+    def healthy():
+        states = {n: c.inspect(n, "{{.State.Health.Status}}") for n in NODES}
+        return True if all(v == "healthy" for v in states.values()) else Not(f"health {states}")
+
+    _, health_s = wait_for("Docker health checks (gateway probe /readyz) healthy on n1-n3", 60, healthy, 0.5)
+    figure(f"form: Docker reports n1-n3 healthy (gateway probe of /readyz) {health_s:.1f} s after they were ready")
+
 
 # --- b. kill -9 and restart -----------------------------------------------------------------------
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod show;
 pub mod upstream;
+mod validate;
 
 /// The largest `max_payload_bytes` allowed. A published message is one Raft log entry that every
 /// node writes and fsyncs, and lease renewals wait behind the entries in flight: at 16 MiB a few
@@ -36,9 +38,10 @@ impl DeviceConfig {
 }
 
 /// Every key a TOML config file may hold (`deploy/gateway.example.toml` documents each one).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    pub log_format: Option<LogFormat>,
     pub name: Option<String>,
     pub listen: Option<SocketAddr>,
     pub cluster_listen: Option<SocketAddr>,
@@ -207,6 +210,28 @@ impl Default for DeviceConfig {
     }
 }
 
+/// How the node writes its log to stderr: text for people, JSON lines (tracing-subscriber's JSON
+/// formatter) for log pipelines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected text or json".into()),
+        }
+    }
+}
+
 /// How this node enters a cluster when its data dir is fresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Start {
@@ -221,6 +246,7 @@ pub enum Start {
 /// The validated configuration of `gateway serve`.
 #[derive(Debug, Clone)]
 pub struct Config {
+    pub log_format: LogFormat,
     pub name: Option<String>,
     pub listen: SocketAddr,
     pub cluster_listen: SocketAddr,
@@ -330,6 +356,7 @@ impl Config {
             (None, false) => Start::Bootstrap,
         };
         let cfg = Config {
+            log_format: flags.log_format.or(file.log_format).unwrap_or_default(),
             name: flags.name.or(file.name),
             listen: flags.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:8080".parse().expect("literal")),
             cluster_listen: flags
@@ -370,140 +397,6 @@ impl Config {
         Ok(cfg)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        let (t, d) = (&self.timing, &self.device);
-        let bad = |m: String| Err(ConfigError::Invalid(m));
-        if let Some(name) = &self.name {
-            if name.is_empty()
-                || name.len() > 64
-                || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
-            }
-        }
-        match &self.cluster_advertise {
-            Some(addr) if !is_host_port(addr) => {
-                return bad(format!(
-                    "cluster_advertise: expected host:port (a DNS name, an IPv4 address or a [IPv6] address, port \
-                     1-65535), got {} characters that are not",
-                    addr.len()
-                ))
-            }
-            None if self.cluster_listen.ip().is_unspecified() => {
-                return bad(format!(
-                    "cluster_listen {} is a wildcard address other members cannot dial: set cluster_advertise \
-                     (--cluster-advertise host:port)",
-                    self.cluster_listen
-                ))
-            }
-            _ => {}
-        }
-        if self.public_url.is_none() && self.listen.ip().is_unspecified() {
-            return bad(format!(
-                "listen {} is a wildcard address devices cannot be sent to: set public_url (--public-url ws://host:port)",
-                self.listen
-            ));
-        }
-        let durations = [
-            ("lease_ms", t.lease_ms),
-            ("sweep_ms", t.sweep_ms),
-            ("election_timeout_ms", t.election_timeout_ms),
-            ("heartbeat_ms", t.heartbeat_ms),
-            ("propose_timeout_ms", t.propose_timeout_ms),
-            ("ping_ms", d.ping_ms),
-            ("idle_ms", d.idle_ms),
-            ("handshake_timeout_ms", d.handshake_timeout_ms),
-            ("overload_commit_ms", d.overload_commit_ms),
-            ("header_read_timeout_ms", d.header_read_timeout_ms),
-            ("drain_timeout_ms", d.drain_timeout_ms),
-            ("retain_ms", d.retain_ms),
-            ("idempotency_ms", d.idempotency_ms),
-            ("device_reconnect_window_ms", d.device_reconnect_window_ms),
-        ];
-        // Time arithmetic (deadlines, lease ends, the rules below) then never overflows.
-        if let Some((key, v)) = durations.iter().find(|(_, v)| *v > MAX_DURATION_MS) {
-            return bad(format!("{key} ({v}) must be at most {MAX_DURATION_MS} (2^40 ms, about 34 years)"));
-        }
-        if t.max_voters == 0 || t.max_voters > 7 || t.max_voters % 2 == 0 {
-            return bad(format!("max_voters = {}: must be odd, 1 to 7", t.max_voters));
-        }
-        if t.heartbeat_ms == 0 || t.election_timeout_ms < 2 * t.heartbeat_ms {
-            return bad(format!(
-                "election_timeout_ms ({}) must be at least twice heartbeat_ms ({})",
-                t.election_timeout_ms, t.heartbeat_ms
-            ));
-        }
-        if t.lease_ms < 3 * t.heartbeat_ms || t.lease_ms < 300 {
-            return bad(format!("lease_ms ({}) must be >= 300 and >= 3 x heartbeat_ms", t.lease_ms));
-        }
-        // A node fences itself when no renewal committed for 4/5 of a lease; renewals go out every
-        // lease/3 and an openraft 0.9 election can take up to ~4 election timeouts (followers
-        // honour the old leader's lease for 2 of them). A shorter lease fences every node during
-        // an ordinary failover.
-        if t.lease_ms < 8 * t.election_timeout_ms {
-            return bad(format!(
-                "lease_ms ({}) must be at least 8 x election_timeout_ms ({}), or an election fences every node",
-                t.lease_ms, t.election_timeout_ms
-            ));
-        }
-        if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
-            return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
-        }
-        if d.ping_ms == 0 || d.idle_ms <= d.ping_ms {
-            return bad(format!("idle_ms ({}) must be greater than ping_ms ({})", d.idle_ms, d.ping_ms));
-        }
-        if !(0.01..=1e9).contains(&d.admit_rate) || d.admit_burst == 0 {
-            return bad(format!(
-                "admit_rate ({}) must be in 0.01..=1e9 and admit_burst ({}) positive",
-                d.admit_rate, d.admit_burst
-            ));
-        }
-        if d.source_rate != 0.0 && !((0.01..=1e9).contains(&d.source_rate) && d.source_burst > 0) {
-            return bad(format!(
-                "source_rate ({}) must be 0 (off) or in 0.01..=1e9, with source_burst ({}) positive",
-                d.source_rate, d.source_burst
-            ));
-        }
-        if d.device_reconnects > 0 && d.device_reconnect_window_ms < 1000 {
-            return bad(format!("device_reconnect_window_ms ({}) must be at least 1000", d.device_reconnect_window_ms));
-        }
-        if !(0.01..=1e9).contains(&d.drain_rate) {
-            return bad(format!("drain_rate ({}) must be in 0.01..=1e9", d.drain_rate));
-        }
-        if d.retain_count == 0 || d.retain_ms == 0 {
-            return bad("retain_count and retain_ms must be positive".into());
-        }
-        if !(2..=MAX_PAYLOAD_LIMIT).contains(&d.max_payload_bytes) {
-            return bad(format!(
-                "max_payload_bytes ({}) must be in 2..={MAX_PAYLOAD_LIMIT}: a message is a Raft log entry every node \
-                 writes and fsyncs, and lease renewals queue behind it; keep larger objects elsewhere and publish a reference",
-                d.max_payload_bytes
-            ));
-        }
-        if d.handshake_timeout_ms == 0 || d.header_read_timeout_ms == 0 || d.send_queue == 0 {
-            return bad("handshake_timeout_ms, header_read_timeout_ms and send_queue must be positive".into());
-        }
-        if d.send_queue_bytes < 2 * d.max_payload_bytes {
-            return bad(format!(
-                "send_queue_bytes ({}) must be at least twice max_payload_bytes ({})",
-                d.send_queue_bytes, d.max_payload_bytes
-            ));
-        }
-        if !(SYNC_PAGE_BYTES..=1 << 40).contains(&d.sync_buffer_bytes) {
-            return bad(format!(
-                "sync_buffer_bytes ({}) must be in {SYNC_PAGE_BYTES}..=1099511627776 (one sync page at least)",
-                d.sync_buffer_bytes
-            ));
-        }
-        if !(128..=16 << 20).contains(&d.max_message_bytes) {
-            return bad(format!("max_message_bytes ({}) must be in 128..=16777216", d.max_message_bytes));
-        }
-        if t.snapshot_logs == 0 || t.propose_timeout_ms == 0 {
-            return bad("snapshot_logs and propose_timeout_ms must be positive".into());
-        }
-        Ok(())
-    }
-
     /// The cluster address other members and the CLI use to reach this node.
     pub fn cluster_addr(&self) -> String {
         self.cluster_advertise.clone().unwrap_or_else(|| self.cluster_listen.to_string())
@@ -515,25 +408,7 @@ impl Config {
     }
 }
 
-/// `host:port` a peer can dial: a DNS name (letters, digits, `-`, `.`), an IPv4 address or a
-/// bracketed IPv6 address, and a port in 1..=65535.
-pub fn is_host_port(s: &str) -> bool {
-    if let Ok(addr) = s.parse::<SocketAddr>() {
-        return addr.port() != 0 && !addr.ip().is_unspecified();
-    }
-    let Some((host, port)) = s.rsplit_once(':') else { return false };
-    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        });
-    port_ok && host_ok
-}
+pub use validate::is_host_port;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,78 @@
+//! `gateway probe URL`: one GET over plain HTTP, for health checks where the image has no shell
+//! and no HTTP client (the scratch image). A 2xx answer is healthy; anything else — another status,
+//! no connection, no whole answer within the deadline, a URL that is not `http://` — is not.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::{Request, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Not a URL `gateway probe` can fetch (a usage error).
+    #[error("{0}")]
+    BadUrl(String),
+    #[error("{url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("{url}: no whole answer within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("{url}: answered {status}")]
+    Unhealthy { url: String, status: u16 },
+}
+
+/// Parses `url`: `http://host[:port][/path]` only (a probe runs beside the server it checks).
+pub fn parse(url: &str) -> Result<Uri, ProbeError> {
+    let uri: Uri = url.parse().map_err(|e| ProbeError::BadUrl(format!("{url:?} is not a URL: {e}")))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err(ProbeError::BadUrl(format!("{url:?}: expected http://host:port/path (plain HTTP only)")));
+    }
+    Ok(uri)
+}
+
+/// GETs `url` within `timeout`; Ok with the status when it is 2xx.
+pub async fn probe(url: &str, timeout: Duration) -> Result<u16, ProbeError> {
+    let uri = parse(url)?;
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(timeout));
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let req = Request::get(uri)
+        .header(hyper::header::USER_AGENT, "gateway-probe")
+        .body(Empty::new())
+        .map_err(|e| ProbeError::BadUrl(e.to_string()))?;
+    let unreachable = |reason: String| ProbeError::Unreachable { url: url.to_string(), reason };
+    let exchange = async {
+        let resp = client.request(req).await.map_err(|e| unreachable(format!("{e:#}")))?;
+        let status = resp.status().as_u16();
+        // Read the whole answer: a server that stalls mid-body is not healthy.
+        resp.into_body().collect().await.map_err(|e| unreachable(e.to_string()))?;
+        Ok(status)
+    };
+    let status = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| ProbeError::Timeout { url: url.to_string(), timeout })??;
+    if (200..300).contains(&status) {
+        Ok(status)
+    } else {
+        Err(ProbeError::Unhealthy { url: url.to_string(), status })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_http_urls_with_a_host() {
+        assert!(parse("http://127.0.0.1:7070/readyz").is_ok());
+        assert!(parse("http://gw-1/healthz").is_ok());
+        for bad in ["https://127.0.0.1:7070/readyz", "127.0.0.1:7070/readyz", "/readyz", "ftp://x/", "http:///x", ""] {
+            assert!(matches!(parse(bad), Err(ProbeError::BadUrl(_))), "{bad}");
+        }
+    }
+}
