@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 pub mod process;
 
@@ -46,6 +47,9 @@ pub struct Metrics {
     pub sync_pages: Family<ResultLabel, Counter>,
     /// Time for a handshake's claim to commit.
     pub claim_seconds: Histogram,
+    /// This node's admission bucket: its share of the cluster budget, or its own flags.
+    pub admission_rate: Gauge<f64, AtomicU64>,
+    pub admission_burst: Gauge,
     /// Permille of handshakes the overload control admits (1000: not overloaded).
     pub admitted_share: Gauge,
     /// Connections this node closed because a newer claim took the device over (4001).
@@ -108,6 +112,8 @@ impl Default for Metrics {
             publishes: Family::default(),
             sync_pages: Family::default(),
             admitted_share: Gauge::default(),
+            admission_rate: Gauge::default(),
+            admission_burst: Gauge::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
@@ -153,6 +159,12 @@ impl Default for Metrics {
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("sync_pages", "Device sync pages by result (read, busy)", m.sync_pages.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
+        registry.register(
+            "admission_rate_per_s",
+            "Handshakes per second this node admits: its share of the cluster budget, or --admit-rate",
+            m.admission_rate.clone(),
+        );
+        registry.register("admission_burst", "This node's admission burst", m.admission_burst.clone());
         registry.register(
             "admitted_share_permille",
             "Permille of handshakes admitted by the overload control (1000: not overloaded)",

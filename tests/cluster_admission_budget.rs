@@ -114,4 +114,11 @@ fn a_configured_budget_is_committed_at_bootstrap() {
     let (_, _, committed) = admission(&c, 1).expect("status");
     assert_eq!(committed["rate_per_s"].as_f64(), Some(RATE), "{committed}");
     assert_eq!(committed["burst"].as_u64(), Some(u64::from(BURST)), "{committed}");
+    // The share is exported for dashboards and autoscalers.
+    wait_until(TIMING.settle_bound(), "the share in /metrics", || {
+        match (c.metric(1, "gateway_admission_rate_per_s"), c.metric(1, "gateway_admission_burst")) {
+            (Some(r), Some(b)) if (r - RATE / 2.0).abs() < 1e-9 && b == 5.0 => Ok(()),
+            other => Err(other),
+        }
+    });
 }

@@ -256,6 +256,12 @@ impl Handle {
         read(move || db.stream_page(&device, after, limit, max_bytes)).await
     }
 
+    /// Committed log entries this node has not applied yet.
+    pub fn apply_lag(&self) -> u64 {
+        let applied = self.inner.raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+        self.inner.committed.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(applied)
+    }
+
     /// The leader as this node knows it.
     pub fn leader(&self) -> Option<NodeId> {
         self.inner.raft.metrics().borrow().current_leader

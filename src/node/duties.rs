@@ -293,6 +293,7 @@ pub async fn follow_admission(
     admission: Arc<Admission>,
     local: (f64, u32),
     mut view: ClusterWatch,
+    metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     loop {
@@ -301,6 +302,8 @@ pub async fn follow_admission(
             tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
             admission.set(want.0, want.1);
         }
+        metrics.admission_rate.set(want.0);
+        metrics.admission_burst.set(i64::from(want.1));
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },

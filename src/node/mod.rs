@@ -266,7 +266,13 @@ impl Node {
         spawn("suspect", Box::pin(suspect));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let local = (cfg.device.admit_rate, cfg.device.admit_burst);
-        let admission = duties::follow_admission(gate.admission.clone(), local, cluster.watch(), stop.clone());
+        let admission = duties::follow_admission(
+            gate.admission.clone(),
+            local,
+            cluster.watch(),
+            gate.metrics.clone(),
+            stop.clone(),
+        );
         spawn("admission", Box::pin(admission));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);

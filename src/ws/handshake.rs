@@ -57,11 +57,12 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited").retry_after(secs));
     }
     let now = std::time::Instant::now();
+    g.overload.observe_apply_lag(g.cluster.apply_lag(), now);
     let shed = g.overload.admit(now);
     g.metrics.admitted_share.set((g.overload.share(now) * 1000.0).round() as i64);
     if let Err(secs) = shed {
         let msg =
-            "claims are committing slowly (--overload-commit-ms): fewer handshakes are admitted until they recover";
+            "claims are committing slowly (--overload-commit-ms) or the node is behind the log: fewer handshakes are admitted until they recover";
         return Err(Refusal::unavailable("overloaded").message(msg).retry_after(secs));
     }
     let mode = *g.mode.borrow();

@@ -1,5 +1,7 @@
 //! Overload-driven admission (issue 12, item 4): AIMD on the share of handshakes admitted, driven
-//! by claim commit latency. Each window (as long as the threshold, at least 250 ms) in which more
+//! by claim commit latency and this node's apply lag (committed entries not yet applied: above
+//! [`APPLY_LAG_ENTRIES`], a handshake counts as a slow sample, since the node would serve its
+//! device from a state that is behind). Each window (as long as the threshold, at least 250 ms) in which more
 //! than 1 % of the handshakes' claims took longer than the threshold (p99 above it) halves the
 //! share, down to 5 % (so claims keep measuring the store); a window without that adds 10 %, up
 //! to all. Refused handshakes get 503 `overloaded` + Retry-After. Pure over an injected
@@ -7,6 +9,12 @@
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Apply lag, in log entries, above which a handshake counts as slow. With two batches in flight
+/// (the proposer's `MAX_IN_FLIGHT`) a node that keeps up is at most a few entries behind between
+/// a commit and its apply; 64 entries (up to 64 × 1024 commands) is a state machine that has
+/// fallen behind the log, not a moment's scheduling.
+pub const APPLY_LAG_ENTRIES: u64 = 64;
 
 /// The smallest share admitted: probes that tell when latency comes back.
 pub const MIN_SHARE: f64 = 0.05;
@@ -66,6 +74,18 @@ impl Overload {
         self.roll(&mut w, now);
         w.samples += 1;
         w.slow += u64::from(latency > self.threshold);
+    }
+
+    /// The node was `lag` entries behind the log when a handshake came: a slow sample above
+    /// [`APPLY_LAG_ENTRIES`], a fast one otherwise.
+    pub fn observe_apply_lag(&self, lag: u64, now: Instant) {
+        if self.threshold.is_zero() {
+            return;
+        }
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        self.roll(&mut w, now);
+        w.samples += 1;
+        w.slow += u64::from(lag > APPLY_LAG_ENTRIES);
     }
 
     /// `Ok` to go on, or `Err(retry_after_secs)` for a 503 `overloaded`.
@@ -131,6 +151,27 @@ mod tests {
         assert!((o.share(t0 + 21 * T) - 0.15).abs() < 1e-9);
         assert_eq!(o.share(t0 + 31 * T), 1.0);
         assert_eq!(admitted(&o, 100, t0 + 31 * T), 100);
+    }
+
+    #[test]
+    fn an_apply_lag_shrinks_admission_like_slow_commits() {
+        let t0 = Instant::now();
+        let o = Overload::new(T, t0);
+        // Fast commits, but the node is far behind the log: the share halves.
+        for _ in 0..50 {
+            o.observe(T / 10, t0);
+            o.observe_apply_lag(APPLY_LAG_ENTRIES * 4, t0);
+        }
+        assert_eq!(o.share(t0 + T), 0.5);
+        // A few entries behind is normal: it recovers.
+        for _ in 0..50 {
+            o.observe_apply_lag(3, t0 + T);
+        }
+        assert!((o.share(t0 + 2 * T) - 0.6).abs() < 1e-9);
+        // Off (threshold zero): lag changes nothing.
+        let off = Overload::new(Duration::ZERO, t0);
+        off.observe_apply_lag(u64::MAX, t0);
+        assert_eq!(off.share(t0 + T), 1.0);
     }
 
     #[test]
