@@ -228,6 +228,7 @@ fn server_frame() -> impl Strategy<Value = ServerFrame> {
         }),
         (u(), json_value()).prop_map(|(seq, payload)| ServerFrame::Msg { seq, payload }),
         u().prop_map(|oldest| ServerFrame::SyncGap { oldest }),
+        u().prop_map(|retry_after_ms| ServerFrame::SyncBusy { retry_after_ms }),
         text().prop_map(|reason| ServerFrame::Goaway { reason }),
         Just(ServerFrame::Pong),
         text().prop_map(|error| ServerFrame::Error { error }),
