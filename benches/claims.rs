@@ -1,7 +1,9 @@
 //! Claim throughput of a real three-process cluster: `cargo bench --bench claims`.
 //!
 //! Starts three `gateway` processes on loopback ephemeral ports with production timing (n1
-//! bootstraps, n2/n3 start `--standby` and are joined with the CLI), then for each concurrency C runs
+//! bootstraps, n2/n3 start `--standby` and are joined with the CLI; `GATEWAY_BENCH_BIN` runs
+//! another build), prints the machine's floor (fsync, loopback round trip), then for each
+//! concurrency C (1, 8, 64, 256) runs
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
 //! (default 5), once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). The leader's `/metrics` is scraped before and after each run
@@ -13,51 +15,30 @@
 //! nodes. `HttpClient` has no way to add request headers, so publishes carry no `Idempotency-Key`
 //! (valid: the key is optional). Prints figures only, asserts nothing.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway::http::HttpClient;
 use serde_json::{json, Value};
+use support::{loadavg, scrape, Cluster};
 
-const CONCURRENCY: [usize; 3] = [1, 8, 64];
+const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
-const SETTLE_BOUND: Duration = Duration::from_secs(60);
 const LEASE_MS: &str = "10000";
 
 fn main() {
     let secs: u64 = std::env::var("CLAIMS_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let mut cluster = Cluster::new();
-    for name in ["n1", "n2", "n3"] {
-        cluster.spawn(&rt, name);
-    }
-    for i in 1..3 {
-        let out = cluster.cli(&[
-            "join",
-            "--cluster",
-            &cluster.nodes[0].cluster_addr,
-            "--node",
-            &cluster.nodes[i].cluster_addr,
-        ]);
-        assert!(out.0 == Some(0), "join {} failed: {out:?}", cluster.nodes[i].name);
-    }
-    let start = Instant::now();
-    let leader = loop {
-        match cluster.settled() {
-            Ok(leader) => break leader,
-            Err(e) if start.elapsed() > SETTLE_BOUND => panic!("cluster did not settle: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    };
+    let cluster = Cluster::form(&rt, "claims", 3, &["--lease-ms", LEASE_MS]);
+    let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader: {e}"));
+    let (fsync_us, rtt_us) = support::floor(500);
     let all: Vec<String> = cluster.nodes.iter().map(|n| n.cluster_addr.clone()).collect();
     println!(
-        "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, {} cpus, loadavg {}",
+        "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, {} cpus, loadavg {}; \
+         floor: fdatasync p50 {fsync_us:.0} us, loopback round trip p50 {rtt_us:.0} us",
         cluster.started.elapsed(),
         secs,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -76,7 +57,7 @@ fn main() {
     let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none);
     println!(
         "{}",
-        json!({"bench": "claims", "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
+        json!({"bench": "claims", "fsync_us": fsync_us, "rtt_us": rtt_us, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
                "publish": publish, "publish_idempotency_key": false})
     );
@@ -262,194 +243,4 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
         }
     };
     RunResult { ok: lat.len() as u64, elapsed, p50_ms: pct(0.50), p99_ms: pct(0.99), max_ms: pct(1.0), errors, claimed }
-}
-
-/// `GET /metrics` (unauthenticated Prometheus text) as series -> value; labels stay in the key.
-async fn scrape(addr: &str) -> HashMap<String, f64> {
-    let client = HttpClient::new(b"unused");
-    let (status, body) =
-        client.get(addr, "/metrics", Duration::from_secs(5)).await.unwrap_or_else(|e| panic!("scrape {addr}: {e}"));
-    assert!(status.is_success(), "scrape {addr}: {status}");
-    String::from_utf8_lossy(&body)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
-fn loadavg() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
-}
-
-struct NodeProc {
-    name: String,
-    cluster_addr: String,
-    stderr: PathBuf,
-}
-
-/// Owns the temp dir and every child: all are killed on drop (also while panicking); the dir is
-/// removed unless a panic is unwinding, in which case it is kept and each node's stderr tail printed.
-struct Cluster {
-    dir: PathBuf,
-    secret: String,
-    secret_file: PathBuf,
-    nodes: Vec<NodeProc>,
-    children: Vec<Child>,
-    started: Instant,
-}
-
-impl Cluster {
-    fn new() -> Cluster {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("gateway-bench-claims-{}-{nanos}", std::process::id()));
-        fs::create_dir_all(&dir).expect("create bench temp dir");
-        let secret = random_hex(64, nanos as u64);
-        let secret_file = dir.join("cluster.secret");
-        fs::write(&secret_file, format!("{secret}\n")).expect("write secret");
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = fs::set_permissions(&secret_file, fs::Permissions::from_mode(0o600));
-        }
-        Cluster { dir, secret, secret_file, nodes: Vec::new(), children: Vec::new(), started: Instant::now() }
-    }
-
-    /// Starts `name` (the first one bootstraps, the others wait `--standby`) and waits for `/healthz`.
-    fn spawn(&mut self, rt: &tokio::runtime::Runtime, name: &str) {
-        let cluster_addr = format!("127.0.0.1:{}", free_port());
-        let listen = format!("127.0.0.1:{}", free_port());
-        let data = self.dir.join(name);
-        let stderr = self.dir.join(format!("{name}.log"));
-        let log = File::create(&stderr).expect("create node log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
-        cmd.args(["serve", "--name", name, "--listen", &listen, "--cluster-listen", &cluster_addr])
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--cluster-secret-file")
-            .arg(&self.secret_file)
-            .args(["--lease-ms", LEASE_MS]);
-        if !self.nodes.is_empty() {
-            cmd.arg("--standby");
-        }
-        cmd.stdin(Stdio::null()).stdout(Stdio::from(log.try_clone().expect("dup log"))).stderr(Stdio::from(log));
-        scrub_env(&mut cmd);
-        self.children.push(cmd.spawn().expect("spawn gateway"));
-        self.nodes.push(NodeProc { name: name.to_string(), cluster_addr: cluster_addr.clone(), stderr });
-        let client = HttpClient::new(self.secret.as_bytes());
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(st)) = self.children.last_mut().expect("just pushed").try_wait() {
-                panic!("{name} exited during startup: {st}");
-            }
-            let r = rt.block_on(client.get(&cluster_addr, "/healthz", Duration::from_secs(2)));
-            if matches!(r, Ok((s, _)) if s.as_u16() == 200) {
-                break;
-            }
-            assert!(start.elapsed() < SETTLE_BOUND, "{name} not healthy on {cluster_addr}: {r:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Runs `gateway <args> --cluster-secret-file F`: (exit code, stdout, stderr).
-    fn cli(&self, args: &[&str]) -> (Option<i32>, String, String) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gateway"));
-        cmd.args(args).arg("--cluster-secret-file").arg(&self.secret_file).stdin(Stdio::null());
-        scrub_env(&mut cmd);
-        let out = cmd.output().expect("run gateway CLI");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn status(&self, via: usize) -> Result<Value, String> {
-        let (code, out, err) = self.cli(&["status", "--cluster", &self.nodes[via].cluster_addr, "--json"]);
-        if code != Some(0) {
-            return Err(format!("status exit {code:?}: {err}"));
-        }
-        serde_json::from_str(&out).map_err(|e| format!("status json: {e}: {out}"))
-    }
-
-    /// The leader's cluster address once three voters are all live, from n1's point of view.
-    fn settled(&self) -> Result<String, String> {
-        let s = self.status(0)?;
-        let members = s["members"].as_array().ok_or("no members")?;
-        let voters = members.iter().filter(|m| m["role"] == "voter").count();
-        let live = members.iter().filter(|m| m["state"] == "live").count();
-        if voters != 3 || live != 3 || members.len() != 3 {
-            return Err(format!("{voters} voters, {live} live of {}", members.len()));
-        }
-        self.leader_of(&s)
-    }
-
-    fn leader(&self) -> Result<String, String> {
-        self.leader_of(&self.status(0)?)
-    }
-
-    fn leader_of(&self, s: &Value) -> Result<String, String> {
-        let id = s["leader"]["id"].as_u64().ok_or("no leader")?;
-        let members = s["members"].as_array().ok_or("no members")?;
-        let m = members.iter().find(|m| m["id"].as_u64() == Some(id)).ok_or("leader not a member")?;
-        m["cluster_addr"].as_str().map(str::to_string).ok_or_else(|| "leader has no cluster_addr".to_string())
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("[bench] failed; kept {}", self.dir.display());
-            for n in &self.nodes {
-                eprintln!("----- {} ({}) -----\n{}", n.name, n.stderr.display(), tail(&n.stderr, 40));
-            }
-        } else {
-            let _ = fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-/// Children must not pick up GATEWAY_* settings from the environment running the bench.
-fn scrub_env(cmd: &mut Command) {
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GATEWAY_") {
-            cmd.env_remove(k);
-        }
-    }
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let Ok(mut f) = File::open(path) else { return String::new() };
-    let len = f.metadata().map_or(0, |m| m.len());
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(32 * 1024)));
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// `chars` hex digits from a seeded xorshift64* (a bench secret, not a production one).
-fn random_hex(chars: usize, seed: u64) -> String {
-    let mut x = (seed ^ u64::from(std::process::id()).rotate_left(32)) | 1;
-    (0..chars)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            char::from_digit((x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 60) as u32, 16).expect("nibble")
-        })
-        .collect()
 }
