@@ -91,7 +91,9 @@ pub struct Lane {
     device: String,
     tenant: Option<String>,
     slots: Arc<Semaphore>,
-    replies: mpsc::Sender<Answer>,
+    /// Boxed: an empty channel still allocates a block of 32 slots, and a `ServerFrame` slot is
+    /// large; a box keeps an idle session's lane at 32 pointers.
+    replies: mpsc::Sender<Box<Answer>>,
 }
 
 /// An up's answer on its way to the device. It holds the up's slot of the device's bound until
@@ -157,7 +159,7 @@ impl Upstream {
     /// A lane for one session: answers arrive on the receiver. Its capacity is the device's
     /// in-flight bound, and an up's slot is freed only when the session takes its [`Answer`], so
     /// queuing an answer never waits or fails.
-    pub fn lane(&self, device: &str, tenant: Option<String>) -> (Lane, mpsc::Receiver<Answer>) {
+    pub fn lane(&self, device: &str, tenant: Option<String>) -> (Lane, mpsc::Receiver<Box<Answer>>) {
         let n = self.cfg.max_in_flight_per_device;
         let (replies, rx) = mpsc::channel(n);
         (Lane { device: device.to_string(), tenant, slots: Arc::new(Semaphore::new(n)), replies }, rx)
@@ -218,7 +220,7 @@ impl Upstream {
             me.metrics.ups_in_flight_bytes.dec_by(bytes as i64);
             drop((_node, _bytes));
             // Fails only when the session is gone: the device retries the same id on its next one.
-            let _ = replies.try_send(Answer { frame: outcome.frame(id), _slot: device });
+            let _ = replies.try_send(Box::new(Answer { frame: outcome.frame(id), _slot: device }));
         };
         self.tasks.spawn(tracing::Instrument::instrument(task, span));
         Ok(())

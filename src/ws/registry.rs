@@ -30,8 +30,10 @@ pub enum Control {
 /// A session's end of its mailbox.
 #[derive(Debug)]
 pub struct Mailbox {
-    pub tx: mpsc::Sender<Control>,
-    pub rx: mpsc::Receiver<Control>,
+    /// Boxed commands: the channel's first 32-slot block is allocated up front, so an idle
+    /// session holds 32 pointers there rather than 32 commands.
+    pub tx: mpsc::Sender<Box<Control>>,
+    pub rx: mpsc::Receiver<Box<Control>>,
     /// Cancelled when the mailbox overflowed (a device not reading): it closes and recovers by
     /// `sync` on its next connection.
     pub overflow: CancellationToken,
@@ -45,7 +47,7 @@ pub struct Mailbox {
 #[derive(Debug)]
 struct Entry {
     device: String,
-    tx: mpsc::Sender<Control>,
+    tx: mpsc::Sender<Box<Control>>,
     /// The route version its claim got; None while the claim is pending.
     version: Option<u64>,
     overflow: CancellationToken,
@@ -151,7 +153,7 @@ impl Registry {
             return false;
         }
         let kick = matches!(ctl, Control::Close { .. } | Control::Goaway { .. });
-        match tx.try_send(ctl) {
+        match tx.try_send(Box::new(ctl)) {
             Ok(()) => {
                 if kick {
                     kicked.cancel();
@@ -215,7 +217,7 @@ mod tests {
         assert!(!r.send(1, deliver(3, 1)));
         assert!(ma.overflow.is_cancelled());
         assert_eq!(ma.queued.load(Ordering::Relaxed), 100);
-        assert_eq!(ma.rx.try_recv().unwrap(), deliver(1, 60));
+        assert_eq!(*ma.rx.try_recv().unwrap(), deliver(1, 60));
         // Commands: four fit, the fifth overflows.
         for seq in 0..4 {
             assert!(r.send(2, Control::Ack { seq }));
@@ -239,7 +241,7 @@ mod tests {
         r.accepted(7, 3);
         assert_eq!(r.sessions()[0].version, Some(3));
         assert!(r.send(7, Control::Close { code: 4001, reason: "superseded".into() }));
-        assert_eq!(rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
+        assert_eq!(*rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
         assert!(!r.send(8, Control::Goaway { reason: "drain".into() }));
         let waiting = r.clone();
         let empty = tokio::spawn(async move { waiting.wait_empty().await });

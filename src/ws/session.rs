@@ -29,7 +29,7 @@ use crate::upstream::{Answer, Lane, Upstream};
 pub struct Ups {
     pub service: Arc<Upstream>,
     pub lane: Lane,
-    pub answers: mpsc::Receiver<Answer>,
+    pub answers: mpsc::Receiver<Box<Answer>>,
 }
 
 /// Per-session limits.
@@ -90,7 +90,9 @@ pub async fn run(
     });
     let started = Instant::now();
     let last_seen_ms = Arc::new(AtomicU64::new(0));
-    let (out_tx, mut out_rx) = mpsc::channel::<Frame<'static>>(cfg.send_queue.max(4));
+    // Boxed frames: tokio allocates a 32-slot block per channel up front, and an idle session
+    // should hold 32 pointers there, not 32 frames.
+    let (out_tx, mut out_rx) = mpsc::channel::<Box<Frame<'static>>>(cfg.send_queue.max(4));
     // Owned by this session: awaited or aborted below, never left behind.
     let ups = (service, lane);
     let reading = read_loop(rx, out_tx, ctl_tx, ups, last_seen_ms.clone(), started, cfg.max_message_bytes);
@@ -123,7 +125,7 @@ pub async fn run(
                 close_with = Some((close::TRY_AGAIN_LATER, "send queue full: reconnect and sync".into()));
                 break;
             }
-            ctl = ctl_rx.recv() => match ctl {
+            ctl = ctl_rx.recv() => match ctl.map(|c| *c) {
                 Some(Control::Close { code, reason }) => {
                     close_with = Some((code, reason));
                     break;
@@ -158,10 +160,10 @@ pub async fn run(
                 None => break,
             },
             out = out_rx.recv() => match out {
-                Some(f) => vec![f],
+                Some(f) => vec![*f],
                 // The reader ended: the peer closed, the connection dropped, or the reader just
                 // asked for a close (1008/1009) that must still be sent.
-                None => match ctl_rx.try_recv() {
+                None => match ctl_rx.try_recv().map(|c| *c) {
                     Ok(Control::Close { code, reason }) => {
                         close_with = Some((code, reason));
                         break;
@@ -218,7 +220,7 @@ pub async fn run(
                 _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
                     // Ended with the close it was told to send (4001 counts as a kick, and a
                     // superseded route is not released).
-                    let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match ctl {
+                    let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match *ctl {
                         Control::Close { code, .. } => Some(code),
                         Control::Goaway { .. } => Some(close::GOING_AWAY),
                         _ => None,
@@ -272,8 +274,8 @@ const MAX_FRAGMENTS: usize = 1024;
 /// not lost to a TCP reset caused by unread data.
 async fn read_loop<S>(
     mut rx: WebSocketRead<S>,
-    out: mpsc::Sender<Frame<'static>>,
-    ctl: mpsc::Sender<Control>,
+    out: mpsc::Sender<Box<Frame<'static>>>,
+    ctl: mpsc::Sender<Box<Control>>,
     (upstream, lane): (Arc<Upstream>, Lane),
     last_seen_ms: Arc<AtomicU64>,
     started: Instant,
@@ -282,14 +284,14 @@ async fn read_loop<S>(
     S: tokio::io::AsyncRead + Unpin,
 {
     let request_close = |code: u16, reason: &str| {
-        let _ = ctl.try_send(Control::Close { code, reason: reason.to_string() });
+        let _ = ctl.try_send(Box::new(Control::Close { code, reason: reason.to_string() }));
     };
     let mut partial: Option<(OpCode, Vec<u8>, usize)> = None;
     let mut closing = false;
     loop {
         let out2 = out.clone();
         let mut obligated = move |f: Frame<'_>| {
-            let (out, f) = (out2.clone(), owned(f));
+            let (out, f) = (out2.clone(), Box::new(owned(f)));
             async move { out.send(f).await.map_err(|_| WebSocketError::ConnectionClosed) }
         };
         let frame = match rx.read_frame(&mut obligated).await {
@@ -320,7 +322,7 @@ async fn read_loop<S>(
             Ok(None) => {}
             Ok(Some(Incoming::Ping(payload))) => {
                 // Waits for room: a device that does not read its pongs stops being read.
-                if out.send(Frame::pong(Payload::Owned(payload))).await.is_err() {
+                if out.send(Box::new(Frame::pong(Payload::Owned(payload)))).await.is_err() {
                     return;
                 }
             }
@@ -336,11 +338,11 @@ async fn read_loop<S>(
                         // The writer owns the stream cursor: hand these over (dropped if its
                         // queue is full — a device flooding syncs gets no more than that).
                         Ok(ClientFrame::Sync { after }) => {
-                            let _ = ctl.try_send(Control::Sync { after });
+                            let _ = ctl.try_send(Box::new(Control::Sync { after }));
                             continue;
                         }
                         Ok(ClientFrame::Ack { seq }) => {
-                            let _ = ctl.try_send(Control::Ack { seq });
+                            let _ = ctl.try_send(Box::new(Control::Ack { seq }));
                             continue;
                         }
                         // Admitted ups are answered later on the lane; refusals right here.
@@ -353,7 +355,7 @@ async fn read_loop<S>(
                 };
                 // Waits for room: a device that does not read its replies stops being read (its
                 // writes then stall in its own socket buffers, not in this node's memory).
-                if out.send(text(reply.to_json())).await.is_err() {
+                if out.send(Box::new(text(reply.to_json()))).await.is_err() {
                     return;
                 }
             }
