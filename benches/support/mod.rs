@@ -234,12 +234,9 @@ pub fn loadavg() -> String {
         .unwrap_or_default()
 }
 
-/// Resident memory of `pid` in bytes (`VmRSS`), 0 if unreadable.
+/// Resident memory of `pid` in bytes (`VmRSS`, the load tool's reading), 0 if unreadable.
 pub fn rss(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    gateway::tools::bench::sys::rss(pid).unwrap_or(0)
 }
 
 pub fn free_port() -> u16 {

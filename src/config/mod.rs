@@ -355,6 +355,10 @@ impl Config {
             (None, true) => Start::Standby,
             (None, false) => Start::Bootstrap,
         };
+        let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
+        if !(1..=1 << 20).contains(&cache_mib) {
+            return Err(ConfigError::Invalid(format!("store_cache_mib ({cache_mib}) must be in 1..=1048576")));
+        }
         let cfg = Config {
             log_format: flags.log_format.or(file.log_format).unwrap_or_default(),
             name: flags.name.or(file.name),
@@ -372,7 +376,7 @@ impl Config {
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
             timing,
             device,
-            store_cache_bytes: 0,
+            store_cache_bytes: (cache_mib << 20) as usize,
             cluster_budget: match (
                 flags.cluster_admit_rate.or(file.cluster_admit_rate),
                 flags.cluster_admit_burst.or(file.cluster_admit_burst),
@@ -388,11 +392,6 @@ impl Config {
             },
             upstream: upstream::UpstreamConfig::merge(flags.upstream, file.upstream)?,
         };
-        let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
-        if !(1..=1 << 20).contains(&cache_mib) {
-            return Err(ConfigError::Invalid(format!("store_cache_mib ({cache_mib}) must be in 1..=1048576")));
-        }
-        let cfg = Config { store_cache_bytes: (cache_mib << 20) as usize, ..cfg };
         cfg.validate()?;
         Ok(cfg)
     }

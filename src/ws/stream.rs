@@ -201,11 +201,9 @@ impl StreamCursor {
     /// The next page of the sync in progress (the last page ends it), holding its bytes of the
     /// node's page budget; [`Page::Busy`] when the budget is spent (nothing read, nothing lost).
     pub async fn sync_page(&mut self) -> Page {
-        if self.syncing.is_none() {
-            return Page::Frames(Vec::new(), None);
-        }
+        let Some(mut s) = self.syncing else { return Page::Frames(Vec::new(), None) };
         let Some(mut permit) = self.pages.try_page() else { return Page::Busy };
-        let Some(mut s) = self.syncing.take() else { return Page::Frames(Vec::new(), None) };
+        self.syncing = None;
         let mut out = Vec::new();
         let Some(read) = self.read(s.next).await else {
             // The store could not be read: this sync ends; the device may ask again.

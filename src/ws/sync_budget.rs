@@ -50,7 +50,8 @@ impl SyncBudget {
     }
 
     /// Bytes held by pages now (read or being written).
-    pub fn in_use_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn in_use_bytes(&self) -> usize {
         (self.units - self.sem.available_permits()) * UNIT
     }
 
