@@ -7,7 +7,9 @@
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
 //! (default 5), once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). The leader's `/metrics` is scraped before and after each run
-//! to show how claims were folded into log entries and fsyncs.
+//! to show how claims were folded into log entries and fsyncs, and each process's CPU time is read
+//! from `/proc` to print CPU microseconds per request on the leader, the two followers together
+//! and this loader.
 //!
 //! A publish phase follows: for each C, C tasks loop `POST /v1/devices/{id}/messages` with a small
 //! JSON body for the same duration, each task on its own device claimed during the claims phase
@@ -89,8 +91,8 @@ fn table(
         }
     };
     let header = format!(
-        "{:>3} | {:<6} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>15} | {}",
-        "C", "via", unit, "p50 ms", "p99 ms", "cmds/entry", "entries/fsync", per_fsync, "errors"
+        "{:>3} | {:<6} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>15} | {:>14} | {}",
+        "C", "via", unit, "p50 ms", "p99 ms", "cmds/entry", "entries/fsync", per_fsync, "cpu us L F ld", "errors"
     );
     println!("\n{title}\n{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
@@ -100,9 +102,11 @@ fn table(
             let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };
             let before = rt.block_on(scrape(&leader));
             let load_before = loadavg();
+            let cpu_before = cpu(cluster, &leader);
             let tag = format!("{c}{via}");
             let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
             claimed.extend(r.claimed.iter().cloned());
+            let cpu_after = cpu(cluster, &leader);
             let after = rt.block_on(scrape(&leader));
             let leader_after = cluster.leader().unwrap_or_else(|e| format!("? ({e})"));
             let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
@@ -124,13 +128,19 @@ fn table(
                     note += &format!(" (only {} claimed devices: tasks share)", devices.len());
                 }
             }
+            // CPU microseconds per completed request: the leader, the two followers, the loader.
+            let per = |i: usize| (cpu_after[i].saturating_sub(cpu_before[i])) as f64 / (r.ok.max(1) as f64);
+            let cpu_per = [per(0), per(1), per(2)];
             println!(
-                "{c:>3} | {via:<6} | {rate:>9.0} | {:>7.2} | {:>7.2} | {:>12.2} | {:>13.2} | {:>15.2} | {errors}{note}",
+                "{c:>3} | {via:<6} | {rate:>9.0} | {:>7.2} | {:>7.2} | {:>12.2} | {:>13.2} | {:>15.2} | {:>4.0} {:>4.0} {:>4.0} | {errors}{note}",
                 r.p50_ms,
                 r.p99_ms,
                 ratio(cmds, batches),
                 ratio(entries, fsyncs),
                 ratio(cmds, fsyncs),
+                cpu_per[0],
+                cpu_per[1],
+                cpu_per[2],
             );
             let (count_key, rate_key, per_fsync_key) = match &op {
                 Op::Claim => ("claims", "claims_per_s", "claims_per_fsync"),
@@ -146,12 +156,24 @@ fn table(
                 },
                 "commands_per_entry": ratio(cmds, batches), "entries_per_fsync": ratio(entries, fsyncs),
                 per_fsync_key: ratio(cmds, fsyncs),
+                "cpu_us_per_op": {"leader": cpu_per[0], "followers": cpu_per[1], "loader": cpu_per[2]},
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));
         }
     }
     rows
+}
+
+/// CPU time used so far (µs): the leader, both followers together, this loader.
+fn cpu(cluster: &Cluster, leader: &str) -> [u64; 3] {
+    let mut out = [0u64; 3];
+    for n in &cluster.nodes {
+        let used = support::cpu_us(n.pid).unwrap_or(0);
+        out[if n.cluster_addr == leader { 0 } else { 1 }] += used;
+    }
+    out[2] = support::cpu_us(0).unwrap_or(0);
+    out
 }
 
 /// What one timed run measured from the client side.

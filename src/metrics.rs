@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 pub mod process;
+pub mod tenants;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -93,6 +94,8 @@ pub struct Metrics {
     /// Ups in flight on this node, and their payload bytes.
     pub ups_in_flight: Gauge,
     pub ups_in_flight_bytes: Gauge,
+    /// Per-tenant usage, refreshed by each scrape from the applied state.
+    pub tenants: tenants::TenantGauges,
 }
 
 impl Default for Metrics {
@@ -140,6 +143,7 @@ impl Default for Metrics {
             upstream_breaker: Family::default(),
             ups_in_flight: Gauge::default(),
             ups_in_flight_bytes: Gauge::default(),
+            tenants: tenants::TenantGauges::default(),
         };
         m.admitted_share.set(1000);
         registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
@@ -195,6 +199,7 @@ impl Default for Metrics {
         registry.register("routes", "Device routes in the applied state", m.routes.clone());
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
         registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register_collector(Box::new(m.tenants.clone()));
         registry.register("ups", "Device up frames (intents) by answer: ack or the nack reason", m.ups.clone());
         registry.register("upstream_attempts", "Tries sent to the upstream by result", m.upstream_attempts.clone());
         registry.register("upstream_retries", "Upstream tries after the first", m.upstream_retries.clone());

@@ -62,6 +62,15 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
     assert_eq!(r.status, 200, "{}", r.text());
     let replaced = r.header("x-request-id").expect("answered with an id").to_string();
     assert!(replaced.len() == 16 && replaced.bytes().all(|b| b.is_ascii_hexdigit()), "{replaced}");
+    // A body with a field the endpoint does not take is refused without quoting it (serde's own
+    // message would: "unknown field `...`").
+    let marker = format!("zz{}", random_hex(8));
+    let bad = format!(r#"{{"rate": 1, "burst": 1, "{marker}": 1}}"#);
+    let headers = [("Authorization", bearer.as_str()), ("Content-Type", "application/json")];
+    let r = http::request(addr, "POST", "/cluster/admission", &headers, Some(bad.as_bytes()), http::REQUEST_TIMEOUT)
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("bad_json") && !r.text().contains(&marker), "{}", r.text());
     let out = c.cli_auth(&["status", "--cluster", &c.nodes[0].cluster_addr_str()]);
     assert_eq!(out.code, Some(0), "{out:#?}");
     // A wrong secret is refused; it must not be logged either.
@@ -122,6 +131,7 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
         ("forged token", forged.as_str()),
         ("cluster secret", c.secret.as_str()),
         ("wrong secret", wrong.as_str()),
+        ("refused body's field", marker.as_str()),
     ] {
         assert!(!text.contains(needle), "the {what} appears in the log");
     }

@@ -117,6 +117,17 @@ fn tenant_connection_cap_and_publish_ledger_hold_cluster_wide() {
     // At least once: a3's retries while a2's release committed may have been refused too.
     assert!(metric(2, "gateway_handshakes_total") >= Some(1.0), "n3 counted its quota refusals");
     assert_eq!((metric(2, "gateway_publishes_total"), metric(0, "gateway_publishes_total")), (Some(1.0), Some(1.0)));
+    // Usage against the plan, per tenant, on the metrics of a node that applied the ledger.
+    let tenant = |name: &str, t: &str| c.metric_labeled(1, name, &format!(r#"tenant="{t}""#));
+    let acme: Vec<Option<f64>> = ["connections", "max_connections", "publishes_used", "publishes_allowance"]
+        .iter()
+        .map(|n| tenant(&format!("gateway_tenant_{n}"), "acme"))
+        .collect();
+    assert_eq!(acme, [Some(2.0), Some(2.0), Some(4.0), Some(4.0)]);
+    // bravo's one device came and went (its release may still be on its way): a series either way.
+    assert!(tenant("gateway_tenant_connections", "bravo").is_some_and(|n| n <= 1.0));
+    assert_eq!(tenant("gateway_tenant_max_connections", "bravo"), None, "bravo has no cap");
+    assert_eq!(c.metric(1, "gateway_tenants"), Some(2.0));
     let text = c.cli_auth(&["quota", "show", "--cluster", &n1, "--tenant", "acme"]);
     assert!(text.stdout.contains("connections 2 of 2") && text.stdout.contains("4 used of 4"), "{}", text.stdout);
     println!("{}", text.stdout);

@@ -239,6 +239,20 @@ pub fn rss(pid: u32) -> u64 {
     gateway::tools::bench::sys::rss(pid).unwrap_or(0)
 }
 
+/// CPU time (user + system) `pid` used so far, in microseconds; `None` if unreadable. `pid` 0
+/// is this process.
+pub fn cpu_us(pid: u32) -> Option<u64> {
+    let path = if pid == 0 { "/proc/self/stat".to_string() } else { format!("/proc/{pid}/stat") };
+    let stat = fs::read_to_string(path).ok()?;
+    // Fields after the command (which may hold spaces) start after its closing parenthesis;
+    // utime and stime are fields 14 and 15 (1-based), the 12th and 13th after it.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // /proc counts in USER_HZ, which Linux fixes at 100 for user space.
+    Some(ticks * 10_000)
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use hyper::StatusCode;
 use serde::Deserialize;
 
-use super::{error, Api};
+use super::{bad_json, error, Api};
 use crate::answer::{self, json, Resp};
 use crate::cluster::membership::MembershipError;
 use crate::machine::{Budget, Claim, ClaimReply, NodeId};
@@ -34,7 +34,7 @@ pub fn report(api: &Api) -> crate::wire::StatusReport {
 pub async fn set_admission(api: &Api, body: &[u8]) -> Resp {
     let req: AdmissionRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     let budget = match req {
         AdmissionRequest { clear: true, .. } => None,
@@ -68,7 +68,8 @@ struct AdmissionRequest {
 }
 
 /// Prometheus text; Raft and cluster gauges are refreshed from the current state first.
-pub fn metrics(api: &Api) -> Resp {
+pub async fn metrics(api: &Api) -> Resp {
+    refresh_tenants(api).await;
     let r = api.cluster.report();
     let m = &api.metrics;
     let g = |v: u64| v.min(i64::MAX as u64) as i64;
@@ -88,6 +89,32 @@ pub fn metrics(api: &Api) -> Resp {
         .header(hyper::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
         .body(http_body_util::Full::new(bytes::Bytes::from(m.encode())))
         .expect("static response parts")
+}
+
+/// Per-tenant usage from the applied state; on a failed read the last figures stay.
+async fn refresh_tenants(api: &Api) {
+    use crate::metrics::tenants::{TenantUsage, EXPORTED};
+    let (total, rows) = match api.cluster.busiest_tenants(EXPORTED).await {
+        Ok(read) => read,
+        Err(e) => return tracing::warn!(error = %e, "reading tenants for metrics failed"),
+    };
+    let now_ms = api.cluster.now_ms();
+    let rows = rows
+        .into_iter()
+        .map(|(tenant, row)| {
+            // The row counts the period of its last entry: a period that ended since counts 0.
+            let current = row.policy.publishes.is_some_and(|q| now_ms / q.period_ms.max(1) == row.period);
+            let (used, granted) = if current { (row.used, row.granted) } else { (0, 0) };
+            TenantUsage {
+                connections: row.connections,
+                max_connections: row.policy.max_connections,
+                publishes_used: used,
+                publishes_allowance: row.policy.publishes.map(|q| q.limit.saturating_add(granted)),
+                tenant,
+            }
+        })
+        .collect();
+    api.metrics.tenants.set(total, rows);
 }
 
 /// Ready when a leader is known and this node holds a live lease.

@@ -4,7 +4,7 @@
 
 use hyper::StatusCode;
 
-use super::{error, Api};
+use super::{bad_json, error, Api};
 use crate::answer::{self, Resp};
 use crate::machine::Publish;
 use crate::metrics::ResultLabel;
@@ -30,7 +30,7 @@ pub async fn publish(api: &Api, device: &str, key: Option<String>, body: &[u8]) 
     // Validated and re-serialized compactly: the stored text is spliced into `{"t":"msg",...}`.
     let payload = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(v) => v.to_string(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     let publish = Publish {
         device: device.to_string(),

@@ -68,6 +68,24 @@ pub(crate) fn error(status: StatusCode, reason: &'static str, message: impl std:
     Refusal::new(status, reason).message(message).response()
 }
 
+/// `400 bad_json` for a body that did not parse as the JSON an endpoint takes. The message says
+/// what kind of error and where, never serde's own text: it quotes the input (`unknown field
+/// `...``, `invalid type: string "..."`), and a refusal never echoes what a client sent.
+pub(crate) fn bad_json(e: &serde_json::Error) -> Resp {
+    error(StatusCode::BAD_REQUEST, "bad_json", json_error_text(e))
+}
+
+fn json_error_text(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Syntax => "is not valid JSON",
+        Category::Eof => "ends before its JSON does",
+        Category::Data => "has a field this endpoint does not take, or a value of the wrong type",
+        Category::Io => "could not be read",
+    };
+    format!("the body {what} (line {}, column {})", e.line(), e.column())
+}
+
 /// Serves the cluster listener until `shutdown` fires; connections are tracked on `conns`.
 pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutdown: CancellationToken) {
     let handler = move |req| {
@@ -102,7 +120,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
     match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => return crate::answer::json(StatusCode::OK, &serde_json::json!({"ok": true})),
         (&Method::GET, "/readyz") => return admin::readyz(api),
-        (&Method::GET, "/metrics") => return admin::metrics(api),
+        (&Method::GET, "/metrics") => return admin::metrics(api).await,
         // Its own auth: the cluster secret, Basic auth too (read-only paths).
         (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req),
         _ => {}
@@ -175,5 +193,30 @@ fn caller(api: &Api, req: &Request<Incoming>) -> Option<Caller> {
         Some(Caller::Backend)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Body {
+        rate: Option<f64>,
+    }
+
+    #[test]
+    fn json_refusals_never_quote_the_body() {
+        // serde's own message quotes the unknown field and the mistyped value.
+        let serde_says = serde_json::from_str::<Body>(r#"{"zz_secret_zz": 1}"#).unwrap_err().to_string();
+        assert!(serde_says.contains("zz_secret_zz"), "{serde_says}");
+        for body in
+            [r#"{"zz_secret_zz": 1}"#, r#"{"rate": "zz_secret_zz"}"#, r#"{"rate": 1, zz_secret_zz"#, "zz_secret_zz"]
+        {
+            let e = serde_json::from_str::<Body>(body).unwrap_err();
+            let said = super::json_error_text(&e);
+            assert!(!said.contains("zz_secret_zz"), "{said} quotes the body");
+            assert!(said.contains("line 1"), "{said}");
+        }
     }
 }

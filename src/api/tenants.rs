@@ -5,7 +5,7 @@ use hyper::StatusCode;
 use serde::Deserialize;
 use serde_json::{json as j, Value};
 
-use super::{error, Api};
+use super::{bad_json, error, Api};
 use crate::answer::{self, json, Resp};
 use crate::machine::{GrantReply, PublishQuota, TenantRow};
 use crate::token::valid_tenant;
@@ -36,7 +36,7 @@ pub async fn set_policy(api: &Api, tenant: &str, body: &[u8]) -> Resp {
     }
     let req: PolicyRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     let publishes = match (req.publishes, req.period_ms) {
         (None, None) => None,
@@ -74,7 +74,7 @@ pub async fn grant(api: &Api, tenant: &str, body: &[u8]) -> Resp {
     }
     let req: GrantRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     if !valid_tenant(&req.id) || req.publishes == 0 || req.publishes > MAX_PUBLISHES {
         let msg = format!("id: 1-64 characters of [A-Za-z0-9._-]; publishes: 1..={MAX_PUBLISHES}");

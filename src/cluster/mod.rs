@@ -238,6 +238,12 @@ impl Handle {
         read(move || db.tenant(&tenant, limit)).await
     }
 
+    /// How many tenants there are and the `keep` with the most connections, as applied here.
+    pub async fn busiest_tenants(&self, keep: usize) -> Result<(u64, Vec<(String, TenantRow)>), ReadError> {
+        let db = self.inner.state.clone();
+        read(move || db.busiest_tenants(keep)).await
+    }
+
     /// A device's stream bounds and up to `limit` retained messages after `after`.
     pub async fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, ReadError> {
         self.stream_page(device, after, limit, usize::MAX).await

@@ -149,6 +149,34 @@ impl StateDb {
         Ok((row, entries))
     }
 
+    /// How many tenants there are, and the `keep` with the most connections (ties by name), most
+    /// first. Holds at most `keep` rows whatever the number of tenants.
+    pub fn busiest_tenants(&self, keep: usize) -> Result<(u64, Vec<(String, TenantRow)>), StoreError> {
+        use std::cmp::Reverse;
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(TENANTS)?;
+        let mut total = 0u64;
+        // Min-heap on (connections, Reverse(name)): the root is the first to drop.
+        let mut heap = std::collections::BinaryHeap::new();
+        let mut kept = BTreeMap::new();
+        for r in table.iter()? {
+            let (k, v) = r?;
+            let row: TenantRow = decode(v.value())?;
+            let name = k.value().to_string();
+            total += 1;
+            heap.push(Reverse((row.connections, Reverse(name.clone()))));
+            kept.insert(name, row);
+            if heap.len() > keep {
+                if let Some(Reverse((_, Reverse(out)))) = heap.pop() {
+                    kept.remove(&out);
+                }
+            }
+        }
+        let order = heap.into_sorted_vec().into_iter().map(|Reverse((_, Reverse(name)))| name);
+        let rows = order.filter_map(|name| kept.remove(&name).map(|row| (name, row))).collect();
+        Ok((total, rows))
+    }
+
     /// A device's stream bounds and up to `limit` retained messages with seq > `after`.
     pub fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, StoreError> {
         self.stream_page(device, after, limit, usize::MAX)

@@ -248,3 +248,29 @@ fn a_built_snapshot_never_replaces_a_newer_one() {
     b.db.save_snapshot(6, b"six").unwrap();
     assert_eq!(b.db.load_snapshot().unwrap().as_deref(), Some(&b"six"[..]));
 }
+
+/// The tenants the metrics export: the busiest first (ties by name), at most `keep`, and the
+/// count of all of them.
+#[test]
+fn busiest_tenants_keeps_the_most_connected_and_counts_all() {
+    let mut sm = Sm::<RedbBackend>::new();
+    let mut cmds = vec![machine::Init { cluster_id: "c".into() }.into(), testkit::renew(1, 0, 1 << 40)];
+    // Tenant tK gets K connected devices; "a" and "b" one each (a tie, broken by name).
+    for (tenant, devices) in [("t3", 3u64), ("t1", 1), ("t5", 5), ("b", 1), ("a", 1), ("t0", 0)] {
+        cmds.push(
+            machine::SetTenantPolicy { tenant: tenant.into(), max_connections: None, publishes: None, at_ms: 0 }.into(),
+        );
+        for i in 0..devices {
+            let claim = machine::Claim { device: format!("{tenant}-{i}"), node: 1, conn: i + 1, epoch: 0, attempt: 1 };
+            cmds.push(machine::ClaimTenant { claim, tenant: tenant.into() }.into());
+        }
+    }
+    sm.entry(cmds);
+    let db = &sm.b.db;
+    let (total, rows) = db.busiest_tenants(4).unwrap();
+    assert_eq!(total, 6);
+    let got: Vec<(&str, u64)> = rows.iter().map(|(t, r)| (t.as_str(), r.connections)).collect();
+    assert_eq!(got, [("t5", 5), ("t3", 3), ("a", 1), ("b", 1)]);
+    let (total, rows) = db.busiest_tenants(0).unwrap();
+    assert_eq!((total, rows.len()), (6, 0));
+}
