@@ -1,4 +1,5 @@
-//! Claim throughput of a real three-process cluster: `cargo bench --bench claims`.
+//! Claim throughput of a real three-process cluster: `cargo bench --bench claims`
+//! (`CLAIMS_BENCH_C=1,256` runs only those concurrencies).
 //!
 //! Starts three `gateway` processes on loopback ephemeral ports with production timing (n1
 //! bootstraps, n2/n3 start `--standby` and are joined with the CLI; `GATEWAY_BENCH_BIN` runs
@@ -66,6 +67,14 @@ fn main() {
     drop(cluster);
 }
 
+/// `CLAIMS_BENCH_C` (e.g. `1,256`), or every level of [`CONCURRENCY`].
+fn concurrency() -> Vec<usize> {
+    match std::env::var("CLAIMS_BENCH_C") {
+        Ok(list) => list.split(',').filter_map(|c| c.trim().parse().ok()).collect(),
+        Err(_) => CONCURRENCY.to_vec(),
+    }
+}
+
 /// Which request a table's runs send.
 enum Op {
     Claim,
@@ -96,7 +105,7 @@ fn table(
     );
     println!("\n{title}\n{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
-    for c in CONCURRENCY {
+    for c in concurrency() {
         for via in ["leader", "all"] {
             let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader before run: {e}"));
             let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };

@@ -6,6 +6,7 @@ pub mod log_store;
 pub mod network;
 pub mod rpc;
 pub mod state_machine;
+pub mod tail;
 pub mod types;
 
 #[cfg(test)]

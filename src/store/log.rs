@@ -91,8 +91,13 @@ impl LogDb {
         iter.map(|row| Ok(decode(row?.1.value())?)).collect()
     }
 
-    /// Appends `(index, entry)` pairs durably (one fsync for the whole call).
-    pub fn append<E: Serialize>(&self, entries: &[(u64, E)]) -> Result<(), StoreError> {
+    /// Appends `(index, entry)` pairs durably (one fsync for the whole call), and with them the
+    /// committed log id hint, if one is given (see [`LogDb::save_committed`]).
+    pub fn append<E: Serialize, L: Serialize>(
+        &self,
+        entries: &[(u64, E)],
+        committed: Option<&Option<L>>,
+    ) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
@@ -100,6 +105,9 @@ impl LogDb {
             for (index, e) in entries {
                 t.insert(*index, encode(e)?.as_slice())?;
             }
+        }
+        if let Some(c) = committed {
+            txn.open_table(META)?.insert(COMMITTED, encode(c)?.as_slice())?;
         }
         txn.commit()?;
         Ok(())
@@ -132,12 +140,29 @@ impl LogDb {
         self.get_meta(VOTE)
     }
 
-    /// The committed log id is a hint for replay at start-up: it rides along with the next fsync.
-    pub fn save_committed<L: Serialize>(&self, committed: &Option<L>) -> Result<(), StoreError> {
-        self.put_meta(COMMITTED, committed, Durability::None)
-    }
-
+    /// The committed log id written by the last [`LogDb::append`] that carried one: a hint for
+    /// replay at start-up (an older one only means more replay).
     pub fn read_committed<L: DeserializeOwned>(&self) -> Result<Option<L>, StoreError> {
         Ok(self.get_meta::<Option<L>>(COMMITTED)?.flatten())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The committed hint rides with an append and survives a reopen; an append without one
+    /// leaves the last one written.
+    #[test]
+    fn committed_hint_rides_with_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = LogDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+        assert_eq!(db.read_committed::<u64>().unwrap(), None);
+        db.append(&[(1, "a".to_string()), (2, "b".to_string())], Some(&Some(1u64))).unwrap();
+        db.append(&[(3, "c".to_string())], None::<&Option<u64>>).unwrap();
+        drop(db);
+        let db = LogDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+        assert_eq!(db.read_committed::<u64>().unwrap(), Some(1));
+        assert_eq!(db.entries::<String>(1..=3).unwrap(), ["a", "b", "c"]);
     }
 }
