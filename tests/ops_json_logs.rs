@@ -71,6 +71,9 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
         .unwrap();
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("bad_json") && !r.text().contains(&marker), "{}", r.text());
+    // Data plane: a publish that lands logs at debug level, one refused at info.
+    assert_eq!(c.publish(0, "json-dev", &serde_json::json!({"n": 1}), None).0, 200);
+    assert_eq!(c.publish(0, "never-connected", &serde_json::json!({"n": 1}), None).0, 404);
     let out = c.cli_auth(&["status", "--cluster", &c.nodes[0].cluster_addr_str()]);
     assert_eq!(out.code, Some(0), "{out:#?}");
     // A wrong secret is refused; it must not be logged either.
@@ -114,6 +117,10 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
     assert!(ids.contains(&"ops-json-test-1"), "{admission:#?}");
     assert!(ids.contains(&replaced.as_str()), "{admission:#?}");
     assert!(admission.iter().all(|l| l["level"] == "INFO"), "admin calls log at info: {admission:#?}");
+    let published = access(&lines, "/v1/devices/json-dev/messages", 200);
+    assert!(published.len() == 1 && published[0]["level"] == "DEBUG", "{published:#?}");
+    let refused = access(&lines, "/v1/devices/never-connected/messages", 404);
+    assert!(refused.len() == 1 && refused[0]["level"] == "INFO", "{refused:#?}");
     // The handshakes' access lines (debug level) carry ids; the refused one is the id it answered.
     let upgraded = access(&lines, "/ws", 101);
     assert_eq!(upgraded.len(), 2, "two upgrades logged");

@@ -98,6 +98,8 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
         max_head_bytes: 8192 + 4096 * 100,
         quiet: quiet_path,
+        // Claims, route lookups and publishes: the data plane.
+        quiet_when_ok: |path| path.starts_with("/v1/devices/"),
     };
     crate::server::serve(what, listener, conns, shutdown, handler).await
 }

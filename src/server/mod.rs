@@ -2,7 +2,8 @@
 //! (slowloris guard; hyper needs a timer for it to work), graceful stop on shutdown. Every request
 //! runs in a `request` span carrying its [`RequestId`] (also answered in `x-request-id`) and ends
 //! with one access line: method, path (never the query: a device may carry its token there),
-//! status and time. The line is at debug level for the paths `quiet` names, info otherwise.
+//! status and time. The line is at debug level for the paths `quiet` names (and for successes on
+//! those `quiet_when_ok` names), info otherwise.
 
 pub mod request_id;
 
@@ -40,6 +41,10 @@ pub struct Listener {
     pub max_head_bytes: usize,
     /// Paths whose access line is at debug level (health checks, Raft RPC, device handshakes).
     pub quiet: fn(&str) -> bool,
+    /// Paths whose access line is at debug level when the answer is a success, at info level
+    /// otherwise (the data plane: thousands a second, where a line each costs more CPU than the
+    /// request and buries the refusals).
+    pub quiet_when_ok: fn(&str) -> bool,
 }
 
 /// Serves `listener` with `handler` until `shutdown` fires. Every connection task is tracked on
@@ -76,7 +81,7 @@ pub async fn serve<H, Fut>(
                 let id = RequestId::for_request(req.headers());
                 req.extensions_mut().insert(id.clone());
                 let (method, path) = (req.method().clone(), logged_path(req.uri().path()));
-                let quiet = (what.quiet)(&path);
+                let (quiet, quiet_when_ok) = ((what.quiet)(&path), (what.quiet_when_ok)(&path));
                 let span = tracing::info_span!("request", listener = what.name, request_id = %id);
                 let fut = handler(req);
                 async move {
@@ -84,7 +89,7 @@ pub async fn serve<H, Fut>(
                     let mut resp = fut.await;
                     resp.headers_mut().insert(&request_id::HEADER, id.header_value());
                     let (status, elapsed_ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
-                    if quiet {
+                    if quiet || (quiet_when_ok && status < 400) {
                         tracing::debug!(%method, %path, status, elapsed_ms, "request");
                     } else {
                         tracing::info!(%method, %path, status, elapsed_ms, "request");

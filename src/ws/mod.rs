@@ -103,6 +103,7 @@ pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shu
         header_read_timeout: timeout,
         max_head_bytes: MAX_HEAD_BYTES,
         quiet: |_| true,
+        quiet_when_ok: |_| true,
     };
     crate::server::serve(what, listener, conns, shutdown, handler).await
 }
