@@ -339,11 +339,23 @@ impl<'t> StateTxn<'t> {
         for id in before.nodes.keys().filter(|id| !nodes.contains_key(id)) {
             self.nodes.remove(*id)?;
         }
-        self.meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
-        self.meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
-        self.meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
-        self.meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
-        self.meta.insert(ADMISSION, encode(admission)?.as_slice())?;
+        // Only what changed: most entries change none of these, and each write is a B-tree
+        // insert in every apply on every node.
+        if *ring_version != before.ring_version {
+            self.meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
+        }
+        if *cluster_id != before.cluster_id {
+            self.meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
+        }
+        if *clock_ms != before.clock_ms {
+            self.meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
+        }
+        if *extended_term != before.extended_term {
+            self.meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
+        }
+        if *admission != before.admission {
+            self.meta.insert(ADMISSION, encode(admission)?.as_slice())?;
+        }
         self.meta.insert(APPLIED, applied)?;
         Ok(())
     }
