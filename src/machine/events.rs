@@ -13,7 +13,7 @@ use super::{State, Tables};
 
 /// Events kept: older ones are deleted as new ones are recorded.
 pub const KEEP: u64 = 256;
-/// Node names kept per list (live before / after); longer lists end with `+N more`.
+/// Node names kept per list (live before / after, sorted); longer lists end with `+N more`.
 pub const MAX_NAMES: usize = 32;
 /// Bytes kept of a name or of the detail line.
 const MAX_NAME_BYTES: usize = 64;
@@ -105,6 +105,7 @@ impl Before {
 
     fn names(&self, state: &State) -> Vec<String> {
         let mut out: Vec<String> = self.live.iter().take(MAX_NAMES).map(|id| self.name(state, *id)).collect();
+        out.sort();
         if self.live.len() > MAX_NAMES {
             out.push(format!("+{} more", self.live.len() - MAX_NAMES));
         }
@@ -119,6 +120,7 @@ pub(super) fn node_name(state: &State, id: NodeId) -> String {
 
 fn names(state: &State, ids: &[NodeId]) -> Vec<String> {
     let mut out: Vec<String> = ids.iter().take(MAX_NAMES).map(|id| node_name(state, *id)).collect();
+    out.sort();
     if ids.len() > MAX_NAMES {
         out.push(format!("+{} more", ids.len() - MAX_NAMES));
     }
