@@ -66,6 +66,9 @@ fn scale_in_moves_every_device_removes_the_node_and_refuses_a_second_one() {
         }
     });
 
+    // An operator following the log from before the scale-in.
+    let follow = c.cli_background(&["events", "--cluster", &c.nodes[1].cluster_addr_str(), "--follow"]);
+
     let started = Instant::now();
     let first = c.cli_background(&["scale-in", "--cluster", &via, "--node", "n3"]);
     wait_until(SLACK, "the scale-in lock on n3", || {
@@ -152,4 +155,13 @@ fn scale_in_moves_every_device_removes_the_node_and_refuses_a_second_one() {
     find("scale_in", "scale-in of n3 finished");
     let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    // `--follow` printed the events recorded after it started, as they came.
+    wait_until(SLACK, "events --follow to print the scale-in's end", || {
+        let out = follow.stdout_so_far();
+        if out.contains("scale_in") && out.contains("scale-in of n3 finished") {
+            Ok(())
+        } else {
+            Err(out)
+        }
+    });
 }

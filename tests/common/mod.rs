@@ -426,6 +426,11 @@ pub struct BackgroundCli {
 }
 
 impl BackgroundCli {
+    /// What it printed on stdout so far (it keeps running).
+    pub fn stdout_so_far(&self) -> String {
+        fs::read_to_string(&self.out_path).unwrap_or_default()
+    }
+
     /// Waits at most `bound` for it to exit (killed and a panic after that).
     pub fn wait(mut self, bound: Duration) -> CliOutput {
         let status = wait_until(bound, &format!("gateway {} to exit", self.args), || {
