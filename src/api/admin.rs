@@ -161,6 +161,16 @@ pub async fn join(api: &Api, path: &str, body: &[u8]) -> Resp {
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
     };
     on_leader(api, path, body, || async {
+        // One membership change at a time: a join waits for a scale-in in progress (a joining
+        // node retries; `gateway join` says why).
+        let view = api.cluster.view();
+        if let Some(l) = view.state.scale_in.as_ref().filter(|l| l.expires_at_ms >= api.cluster.now_ms()) {
+            let already = view.member(req.id).is_some();
+            if !already {
+                let msg = format!("a scale-in of {} is in progress: join again once it is done", l.name);
+                return error(StatusCode::CONFLICT, "busy", msg);
+            }
+        }
         match api.cluster.add_learner(req.id, req.member.clone()).await {
             Ok(added) => {
                 let summary = api.cluster.membership();
