@@ -136,6 +136,9 @@ pub struct ScalingStatus {
     /// admission rate.
     pub new_connections_per_s: f64,
     pub accept_share: Option<f64>,
+    /// Share of its CPUs the answering process used over the last second.
+    #[serde(default)]
+    pub cpu: Option<f64>,
     /// How long every signal has been below its low-water mark (None: not low).
     pub low_for_ms: Option<u64>,
     pub thresholds: ScalingConfig,
@@ -286,11 +289,12 @@ impl StatusReport {
             let pct = |u: Option<f64>| u.map_or("-".to_string(), |u| format!("{:.0}%", u * 100.0));
             let _ = writeln!(
                 s,
-                "scaling: {}  utilization cluster {} busiest {}  new connections {:.1}/s  ({})",
+                "scaling: {}  utilization cluster {} busiest {}  new connections {:.1}/s  cpu {}  ({})",
                 h.hint,
                 pct(h.cluster_utilization),
                 pct(h.max_node_utilization),
                 h.new_connections_per_s,
+                pct(h.cpu),
                 h.reasons.join("; ")
             );
         }

@@ -60,10 +60,13 @@ fn scale_in_moves_every_device_removes_the_node_and_refuses_a_second_one() {
         let v = c.status_json(0);
         let n3 = v["members"].as_array().unwrap().iter().find(|m| m["name"] == "n3").cloned().unwrap();
         let scaling = &v["scaling"];
-        // 8 connections of 300 designed: low, but not for the sustained period yet.
-        let low = scaling["hint"] == "steady" && scaling["low_for_ms"].as_u64().is_some();
-        let util = scaling["cluster_utilization"].as_f64().unwrap_or(0.0);
-        if n3["connections"] == DEVICES as u64 && n3["utilization"].as_f64().is_some() && low && util > 0.0 {
+        // 8 connections, 300 designed (100 on n3): utilization as every node computes it, and
+        // low but not for the sustained period (10 min), so never scale_in here.
+        let cluster = scaling["cluster_utilization"].as_f64().unwrap_or(0.0);
+        let busiest = scaling["max_node_utilization"].as_f64().unwrap_or(0.0);
+        let figures = (cluster - 8.0 / 300.0).abs() < 1e-9 && (busiest - 0.08).abs() < 1e-9;
+        if n3["connections"] == DEVICES as u64 && n3["utilization"] == 0.08 && figures && scaling["hint"] != "scale_in"
+        {
             Ok(())
         } else {
             Err((n3, scaling.clone()))

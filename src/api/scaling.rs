@@ -27,6 +27,8 @@ pub struct Signals {
     /// New connections per second accepted here, and that as a share of this node's admission rate.
     pub new_connections_per_s: f64,
     pub accept_share: Option<f64>,
+    /// Share of its CPUs this process used over the last second.
+    pub cpu: Option<f64>,
 }
 
 /// The raw verdict before the sustained-period rule.
@@ -52,6 +54,9 @@ pub fn judge(s: &Signals, c: &ScalingConfig) -> (Verdict, Vec<String>) {
     if let Some(a) = s.accept_share.filter(|a| *a >= c.scale_out_accept_share) {
         high.push(format!("accepting at {:.0}% of the admission rate", a * 100.0));
     }
+    if let Some(cpu) = s.cpu.filter(|u| *u >= c.scale_out_cpu) {
+        high.push(format!("cpu {:.0}% >= {:.0}%", cpu * 100.0, c.scale_out_cpu * 100.0));
+    }
     if !high.is_empty() {
         return (Verdict::ScaleOut, high);
     }
@@ -62,6 +67,7 @@ pub fn judge(s: &Signals, c: &ScalingConfig) -> (Verdict, Vec<String>) {
     let low = cluster < c.scale_in_utilization
         && node < c.scale_in_utilization
         && s.accept_share.is_none_or(|a| a < c.scale_in_utilization)
+        && s.cpu.is_none_or(|u| u < c.scale_in_utilization)
         && without_one < c.scale_out_utilization;
     if low {
         let why = format!(
@@ -119,6 +125,8 @@ pub async fn follow(
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut last, mut rate) = ((Instant::now(), accepted.get()), 0.0f64);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let mut last_cpu = crate::metrics::process::cpu_seconds();
     let mut low_since: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -130,6 +138,9 @@ pub async fn follow(
         // A short moving average: a burst of one second does not flip the hint alone.
         rate = 0.5 * rate + 0.5 * (now.1.saturating_sub(last.1) as f64 / secs);
         last = now;
+        let cpu_now = crate::metrics::process::cpu_seconds();
+        let cpu = cpu_now.zip(last_cpu).map(|(now_s, then_s)| ((now_s - then_s).max(0.0) / secs / cpus).min(1.0));
+        last_cpu = cpu_now;
         let (cluster_utilization, max_node_utilization, live) = utilization(&view.borrow());
         let admit = metrics.admission_rate.get();
         let signals = Signals {
@@ -138,6 +149,7 @@ pub async fn follow(
             live,
             new_connections_per_s: rate,
             accept_share: (admit > 0.0).then(|| rate / admit),
+            cpu,
         };
         let (verdict, reasons) = judge(&signals, &cfg);
         low_since = if verdict == Verdict::Low { low_since.or(Some(now.0)) } else { None };
@@ -162,6 +174,7 @@ pub async fn follow(
             max_node_utilization,
             new_connections_per_s: rate,
             accept_share: signals.accept_share,
+            cpu: signals.cpu,
             low_for_ms: low_for.map(|d| d.as_millis() as u64),
             thresholds: cfg.clone(),
         };
@@ -180,6 +193,7 @@ mod tests {
             live,
             new_connections_per_s: 0.0,
             accept_share: Some(accept),
+            cpu: Some(0.1),
         }
     }
 
@@ -195,6 +209,10 @@ mod tests {
         // Two nodes at 29 %: one node would hold 58 %, below 75 %: low. At 1 node: never.
         assert_eq!(judge(&signals(0.29, 0.29, 2, 0.0), &c).0, Verdict::Low);
         assert_eq!(judge(&signals(0.10, 0.10, 1, 0.0), &c).0, Verdict::Steady);
+        let busy_cpu = Signals { cpu: Some(0.75), ..signals(0.10, 0.10, 3, 0.0) };
+        assert_eq!(judge(&busy_cpu, &c).0, Verdict::ScaleOut, "cpu alone");
+        let some_cpu = Signals { cpu: Some(0.4), ..signals(0.10, 0.10, 3, 0.0) };
+        assert_eq!(judge(&some_cpu, &c).0, Verdict::Steady, "cpu above low water");
         let narrow = ScalingConfig { scale_in_utilization: 0.45, scale_out_utilization: 0.5, ..c.clone() };
         assert_eq!(judge(&signals(0.40, 0.40, 3, 0.0), &narrow).0, Verdict::Steady, "one node fewer: 60 % >= 50 %");
         let unknown = Signals { cluster_utilization: None, max_node_utilization: None, live: 3, ..Default::default() };

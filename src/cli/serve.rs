@@ -180,6 +180,9 @@ pub struct ServeArgs {
     /// rate [default: 0.8].
     #[arg(long, env = "GATEWAY_SCALE_OUT_ACCEPT_SHARE")]
     pub scale_out_accept_share: Option<f64>,
+    /// Scaling hint: scale out when this process uses this share of its CPUs [default: 0.7].
+    #[arg(long, env = "GATEWAY_SCALE_OUT_CPU")]
+    pub scale_out_cpu: Option<f64>,
     #[command(flatten)]
     pub upstream: super::upstream::UpstreamArgs,
 }
@@ -238,6 +241,7 @@ impl ServeArgs {
             scale_in_utilization: self.scale_in_utilization,
             scale_in_after_ms: self.scale_in_after_ms,
             scale_out_accept_share: self.scale_out_accept_share,
+            scale_out_cpu: self.scale_out_cpu,
             upstream: Some(self.upstream.to_layer()),
         }
     }

@@ -91,6 +91,7 @@ pub struct FileConfig {
     pub scale_in_utilization: Option<f64>,
     pub scale_in_after_ms: Option<u64>,
     pub scale_out_accept_share: Option<f64>,
+    pub scale_out_cpu: Option<f64>,
     /// The `[upstream]` table (device `up` delivery).
     pub upstream: Option<upstream::UpstreamFile>,
 }
@@ -231,6 +232,9 @@ pub struct ScalingConfig {
     pub scale_in_after_ms: u64,
     /// Scale out when this node accepts new connections at this share of its admission rate.
     pub scale_out_accept_share: f64,
+    /// Scale out when this process uses this share of the CPUs it may run on (scale in needs it
+    /// below `scale_in_utilization` too).
+    pub scale_out_cpu: f64,
 }
 
 impl Default for ScalingConfig {
@@ -241,6 +245,7 @@ impl Default for ScalingConfig {
             scale_in_utilization: 0.30,
             scale_in_after_ms: 600_000,
             scale_out_accept_share: 0.8,
+            scale_out_cpu: 0.7,
         }
     }
 }
@@ -402,6 +407,7 @@ impl Config {
                 .scale_out_accept_share
                 .or(file.scale_out_accept_share)
                 .unwrap_or(ds.scale_out_accept_share),
+            scale_out_cpu: flags.scale_out_cpu.or(file.scale_out_cpu).unwrap_or(ds.scale_out_cpu),
         };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);

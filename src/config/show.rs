@@ -66,6 +66,7 @@ impl Config {
             scale_in_utilization: Some(self.scaling.scale_in_utilization),
             scale_in_after_ms: Some(self.scaling.scale_in_after_ms),
             scale_out_accept_share: Some(self.scaling.scale_out_accept_share),
+            scale_out_cpu: Some(self.scaling.scale_out_cpu),
             upstream: Some(self.upstream.effective()),
         }
     }

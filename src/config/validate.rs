@@ -18,6 +18,9 @@ impl Config {
                 sc.scale_in_utilization, sc.scale_out_utilization
             ));
         }
+        if !(sc.scale_out_cpu > sc.scale_in_utilization && sc.scale_out_cpu <= 1.0) {
+            return bad(format!("scale_out_cpu ({}) must be in (scale_in_utilization, 1]", sc.scale_out_cpu));
+        }
         if !(sc.scale_out_accept_share > 0.0 && sc.scale_out_accept_share <= 1.0) {
             return bad(format!("scale_out_accept_share ({}) must be in (0, 1]", sc.scale_out_accept_share));
         }
