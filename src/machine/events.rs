@@ -177,7 +177,8 @@ pub(super) fn membership_trigger(state: &State, before: &Before) -> Option<(Trig
     Some((trigger, Some(node), lines.join("; ")))
 }
 
-/// Appends an event (seq = the next one) and deletes the one [`KEEP`] behind it.
+/// Appends an event (seq = the next one) and deletes the one [`KEEP`] behind it. `entry_live`:
+/// the live set when the entry's apply began.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn record<T: Tables>(
     state: &mut State,
@@ -187,9 +188,11 @@ pub(super) fn record<T: Tables>(
     node: Option<NodeId>,
     detail: String,
     before: &Before,
+    entry_live: &[NodeId],
 ) -> Result<(), T::Error> {
     let live_after = state.live_set();
-    let ring_version = if live_after != before.live { index } else { state.ring_version };
+    // What `apply` sets at the end of the entry (the live set against the entry's start).
+    let ring_version = if live_after != entry_live { index } else { state.ring_version };
     let (connections, routes) = state
         .nodes
         .values()

@@ -301,7 +301,7 @@ pub fn apply<T: Tables>(
             state.members = members;
             state.voters = voters;
             if let Some((trigger, node, detail)) = events::membership_trigger(state, &before) {
-                events::record(state, tables, index, trigger, node, detail, &before)?;
+                events::record(state, tables, index, trigger, node, detail, &before, &live_before)?;
             }
             Vec::new()
         }
@@ -315,7 +315,7 @@ pub fn apply<T: Tables>(
                 let watch = cmd.watched().then(|| Watch::of(cx.state, &cmd));
                 replies.push(cmd.apply(&mut cx)?);
                 if let Some(w) = watch {
-                    w.record(&mut cx, index)?;
+                    w.record(&mut cx, index, &live_before)?;
                 }
             }
             replies
@@ -350,7 +350,7 @@ impl Watch {
 
     /// Records one event if the command changed a lease state (the first changed node names the
     /// trigger; the detail lists every change) or the scale-in lock.
-    fn record<T: Tables>(self, cx: &mut Ctx<'_, T>, index: u64) -> Result<(), T::Error> {
+    fn record<T: Tables>(self, cx: &mut Ctx<'_, T>, index: u64, entry_live: &[NodeId]) -> Result<(), T::Error> {
         let state = &*cx.state;
         let mut changes = Vec::new();
         for id in state.nodes.keys().chain(self.leases.keys().filter(|id| !state.nodes.contains_key(id))) {
@@ -378,6 +378,6 @@ impl Watch {
             }
             (None, None) => return Ok(()),
         };
-        events::record(cx.state, cx.tables, index, trigger, Some(node), detail, &self.before)
+        events::record(cx.state, cx.tables, index, trigger, Some(node), detail, &self.before, entry_live)
     }
 }

@@ -81,6 +81,14 @@ pub fn the_event_log_records_each_change_with_its_trigger_counts_and_ring<B: Bac
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     assert_eq!(sm.state.event_seq, seqs.len() as u64);
 
+    // Two changes in one entry: each event reports the ring version the entry ends with.
+    sm.entry(vec![drain(2, 600), drain(1, 600)]);
+    let log = events(&sm);
+    let last_two: Vec<_> =
+        log[log.len() - 2..].iter().map(|e| (e.trigger, e.ring_version, e.live_after.len())).collect();
+    assert_eq!(last_two, [(Trigger::Drain, sm.index, 1), (Trigger::Drain, sm.index, 0)]);
+    assert_eq!(sm.state.ring_version, sm.index);
+
     // Snapshots and reopens carry the log (and its cursor) as it is.
     let copy = sm.install_copy();
     assert_eq!(events(&copy), events(&sm));
