@@ -9,7 +9,8 @@ gateway needs from them: the kinds; selectors that match the pod labels; probes 
 /healthz; Service ports that reach container ports, and listeners, advertise address and public URL
 that agree with them; a grace period longer than the drain timeout; the PodDisruptionBudget; the
 security context; secrets from a Secret volume; data on a volumeClaimTemplate; a start file per
-replica in which only gateway-0 bootstraps. With the kubernetes-validate package installed, every
+replica in which only gateway-0 bootstraps; the autoscaling example (DIR/autoscaling/*.yaml,
+applied by hand) targets the StatefulSet, never scales down and has a start file per ordinal. With the kubernetes-validate package installed, every
 object is also validated strictly (no unknown fields) against the API schemas of Kubernetes 1.28.
 Prints one line per problem and exits 1 if there is any. --self-test breaks copies of the
 manifests one way at a time and requires each to fail.
@@ -42,6 +43,11 @@ def load(directory):
                 listed = set(doc.get("resources", []))
             elif doc:
                 docs.append((path.name, doc))
+    # Optional objects applied by hand (not listed by the kustomization): the autoscaling example.
+    for path in sorted((Path(directory) / "autoscaling").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                docs.append((f"autoscaling/{path.name}", doc))
     if listed is not None:
         names = {p.name for p in files}
         for name in sorted(names - listed - {"kustomization.yaml"}):
@@ -217,6 +223,20 @@ def check(docs):
                           or port_of(joins[0]) != cluster_listen):
                 err(cf, cm, f"{pod_name}.toml must join {seed}.{service_name}...:{cluster_listen}, not {joins}")
 
+    # Autoscaling: the HPA targets this StatefulSet, never scales down (a scale-down must run
+    # `gateway scale-in` first), and every ordinal it may create has a start file.
+    for f, hpa in by_kind.get("HorizontalPodAutoscaler", []):
+        s = hpa.get("spec", {})
+        ref = s.get("scaleTargetRef", {})
+        if ref.get("kind") != "StatefulSet" or ref.get("name") != sts["metadata"]["name"]:
+            err(f, hpa, f"scaleTargetRef {ref} is not the StatefulSet {sts['metadata']['name']}")
+        if s.get("behavior", {}).get("scaleDown", {}).get("selectPolicy") != "Disabled":
+            err(f, hpa, "behavior.scaleDown.selectPolicy must be Disabled: scale in with `gateway scale-in`")
+        data = cms.get(cm_name, (None, {}))[1].get("data", {})
+        for i in range(int(s.get("maxReplicas", 0))):
+            if f"{sts['metadata']['name']}-{i}.toml" not in data:
+                err(f, hpa, f"maxReplicas {s.get('maxReplicas')}: no start file for {sts['metadata']['name']}-{i}")
+
     # Services: selectors, target ports; the peers' Service is headless and publishes unready pods.
     services = {d["metadata"]["name"]: (f, d) for f, d in by_kind.get("Service", [])}
     if service_name not in services:
@@ -308,6 +328,10 @@ def break_copies(docs):
         variant("secret in the environment",
                 lambda k: gw(k)["env"].append({"name": "GATEWAY_CLUSTER_SECRET", "value": "x" * 32})),
         variant("data dir not on a claim", lambda k: k["StatefulSet"][0]["spec"].pop("volumeClaimTemplates")),
+        variant("autoscaler scales down",
+                lambda k: k["HorizontalPodAutoscaler"][0]["spec"]["behavior"]["scaleDown"].update(selectPolicy="Max")),
+        variant("autoscaler beyond the start files",
+                lambda k: k["HorizontalPodAutoscaler"][0]["spec"].update(maxReplicas=6)),
     ]
 
 

@@ -5,7 +5,8 @@
 //! The domain, then the layers under and above it:
 //! - [`machine`] the replicated state machine as domain code: one type per command with its own
 //!   reply (`Claim` → `ClaimReply`, …), the rules (claims and floors, leases, sweeps, drains,
-//!   streams) over a small [`machine::Tables`] interface, and the apply events.
+//!   streams, the scale-in lock and declared capacity) over a small [`machine::Tables`]
+//!   interface, the apply events, and the cluster event log apply records.
 //! - [`store`] the redb schema: `log.redb` (Raft log, vote) and `state.redb`, whose tables are
 //!   listed once (`store::schema`) for open, snapshot dump, install and clear.
 //! - [`raft`] openraft adapters: type config, log store and state machine over `store`, HTTP
@@ -16,7 +17,8 @@
 //!   blocking-pool reads and openraft; `ClusterWatch`, the view on a watch channel.
 //! - [`ws`] the public listener: admission, placement, handshake, sessions and their registry.
 //! - [`api`] the cluster listener: Raft RPC, admin API, route lookup, claims, publishes, metrics,
-//!   the status page (`/ui`: ring, members, events; the cluster secret, Basic auth on its GETs);
+//!   the status page (`/ui`: ring, members, events; the cluster secret, Basic auth on its GETs),
+//!   the cluster event log and scale-in lock endpoints, the capacity signals and scaling hint;
 //!   the cluster secret reaches all of it, a backend secret publishes and reads routes only.
 //! - [`answer`] HTTP answers and the one mapping from a write's reply or error to status, reason
 //!   and `Retry-After`, shared by [`ws`] and [`api`].

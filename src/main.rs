@@ -238,6 +238,31 @@ async fn run(cli: Cli, cfg: Option<Config>) -> Result<(), Failure> {
                 admin.wait_drained(&node, &mut |line| println!("{line}")).await?;
             }
         }
+        Command::ScaleIn { cluster, node, force, lock_ttl_ms, timeout_ms, secret } => {
+            let job = gateway::tools::scale::ScaleIn {
+                cluster,
+                node,
+                force,
+                lock_ttl: Duration::from_millis(lock_ttl_ms),
+                timeout: Duration::from_millis(timeout_ms),
+            };
+            admin(&secret)?.scale_in(&job, &mut |line| println!("{line}")).await?;
+        }
+        Command::Events { cluster, json, follow, after, secret } => {
+            let every = follow.then_some(Duration::from_millis(500));
+            let mut print = |e: &gateway::wire::EventView| {
+                if json {
+                    println!("{}", serde_json::to_string(e).expect("plain struct"));
+                } else {
+                    println!("{}", e.render());
+                }
+            };
+            let admin = admin(&secret)?;
+            tokio::select! {
+                r = admin.print_events(&cluster, after, every, &mut print) => { r?; }
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
         Command::Token { device, epoch, ttl, tenant, device_secret_file, data_dir } => {
             let secret = secrets::cli_device_secret(device_secret_file.as_deref(), &data_dir)?;
             let exp = gateway::clock::now_ms() / 1000 + ttl;

@@ -96,6 +96,15 @@ pub struct Metrics {
     pub ups_in_flight_bytes: Gauge,
     /// Per-tenant usage, refreshed by each scrape from the applied state.
     pub tenants: tenants::TenantGauges,
+    /// This node's declared capacity and its utilization (connections / capacity; 0 undeclared).
+    pub capacity_connections: Gauge,
+    pub utilization: Gauge<f64, AtomicU64>,
+    /// All connections / the declared capacity of the live nodes (0 when none declared one).
+    pub cluster_utilization: Gauge<f64, AtomicU64>,
+    /// New connections this node accepted per second (moving average).
+    pub new_connections_per_s: Gauge<f64, AtomicU64>,
+    /// The scaling hint: 1 scale out, 0 steady, -1 scale in.
+    pub scaling_hint: Gauge,
 }
 
 impl Default for Metrics {
@@ -144,6 +153,11 @@ impl Default for Metrics {
             ups_in_flight: Gauge::default(),
             ups_in_flight_bytes: Gauge::default(),
             tenants: tenants::TenantGauges::default(),
+            capacity_connections: Gauge::default(),
+            utilization: Gauge::default(),
+            cluster_utilization: Gauge::default(),
+            new_connections_per_s: Gauge::default(),
+            scaling_hint: Gauge::default(),
         };
         m.admitted_share.set(1000);
         registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
@@ -220,6 +234,27 @@ impl Default for Metrics {
         );
         registry.register("ups_in_flight", "Device ups in flight on this node", m.ups_in_flight.clone());
         registry.register("ups_in_flight_bytes", "Payload bytes of ups in flight", m.ups_in_flight_bytes.clone());
+        registry.register(
+            "capacity_connections",
+            "Device connections this node is designed to hold (0: undeclared)",
+            m.capacity_connections.clone(),
+        );
+        registry.register(
+            "utilization",
+            "This node's connections / its declared capacity (0: undeclared); the HPA target",
+            m.utilization.clone(),
+        );
+        registry.register(
+            "cluster_utilization",
+            "All connections / the declared capacity of the live nodes (0: none declared)",
+            m.cluster_utilization.clone(),
+        );
+        registry.register(
+            "new_connections_per_s",
+            "New device connections accepted per second here (moving average)",
+            m.new_connections_per_s.clone(),
+        );
+        registry.register("scaling_hint", "Scaling hint: 1 scale out, 0 steady, -1 scale in", m.scaling_hint.clone());
         Metrics { registry, ..m }
     }
 }

@@ -8,8 +8,8 @@ use std::fmt::Write;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Timing;
-use crate::machine::{Member, NodeId};
+use crate::config::{ScalingConfig, Timing};
+use crate::machine::{ClusterEvent, Member, NodeId};
 
 /// Who a node is: `gateway join` asks the new node before asking the cluster to add it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,6 +64,11 @@ pub struct MemberStatus {
     pub connections: u64,
     /// Highest log index replicated to this member (known on the leader only).
     pub matched_index: Option<u64>,
+    /// Its declared capacity (`--capacity-connections`) and connections / capacity.
+    #[serde(default)]
+    pub capacity_connections: Option<u64>,
+    #[serde(default)]
+    pub utilization: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -101,6 +106,121 @@ pub struct StatusReport {
     pub admission_budget: Option<AdmissionStatus>,
     pub members: Vec<MemberStatus>,
     pub ring: RingStatus,
+    /// Device connections open on the answering node right now (its registry, not a renewal).
+    #[serde(default)]
+    pub connections_here: Option<u64>,
+    /// The serial scale-in holding the lock, if one does.
+    #[serde(default)]
+    pub scale_in: Option<ScaleInStatus>,
+    /// Capacity signals and the scaling hint, as the answering node evaluates them.
+    #[serde(default)]
+    pub scaling: Option<ScalingStatus>,
+}
+
+/// The scale-in lock as applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleInStatus {
+    pub node: NodeRef,
+    pub started_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// The scaling hint: `scale_out`, `scale_in` or `steady`, why, and the signals it read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScalingStatus {
+    pub hint: String,
+    pub reasons: Vec<String>,
+    pub cluster_utilization: Option<f64>,
+    pub max_node_utilization: Option<f64>,
+    /// New connections per second accepted by the answering node, and that as a share of its
+    /// admission rate.
+    pub new_connections_per_s: f64,
+    pub accept_share: Option<f64>,
+    /// Share of its CPUs the answering process used over the last second.
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    /// How long every signal has been below its low-water mark (None: not low).
+    pub low_for_ms: Option<u64>,
+    pub thresholds: ScalingConfig,
+}
+
+/// One event of the replicated cluster event log (`GET /cluster/events`, `gateway events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventView {
+    pub seq: u64,
+    pub index: u64,
+    pub at_ms: u64,
+    /// `join`, `leave`, `drain`, `suspicion`, `sweep`, `lease_recovery` or `scale_in`.
+    pub trigger: String,
+    pub node: Option<u64>,
+    pub detail: String,
+    pub connections: u64,
+    pub routes: u64,
+    pub live_before: Vec<String>,
+    pub live_after: Vec<String>,
+    pub ring_version: u64,
+}
+
+impl From<ClusterEvent> for EventView {
+    fn from(e: ClusterEvent) -> EventView {
+        EventView {
+            seq: e.seq,
+            index: e.index,
+            at_ms: e.at_ms,
+            trigger: e.trigger.as_str().to_string(),
+            node: e.node,
+            detail: e.detail,
+            connections: e.connections,
+            routes: e.routes,
+            live_before: e.live_before,
+            live_after: e.live_after,
+            ring_version: e.ring_version,
+        }
+    }
+}
+
+impl EventView {
+    /// One line for people.
+    pub fn render(&self) -> String {
+        format!(
+            "#{:<4} index {:<7} {:<14} {}  (connections {}, routes {}; live [{}] -> [{}]; ring v{})",
+            self.seq,
+            self.index,
+            self.trigger,
+            self.detail,
+            self.connections,
+            self.routes,
+            self.live_before.join(", "),
+            self.live_after.join(", "),
+            self.ring_version
+        )
+    }
+}
+
+/// `GET /cluster/events?after=S&limit=N`: events after S, oldest first, and the newest seq.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventsReply {
+    pub events: Vec<EventView>,
+    pub last_seq: u64,
+}
+
+/// `POST /cluster/scale-in/lock`: take or extend the lock.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScaleInLockRequest {
+    pub node: u64,
+    pub owner: u64,
+    pub ttl_ms: u64,
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `POST /cluster/scale-in/unlock`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScaleInUnlockRequest {
+    pub node: u64,
+    pub owner: u64,
+    /// `done` or `aborted`.
+    pub outcome: String,
 }
 
 /// A node's admission bucket: `rate_per_s` handshakes per second, `burst` at once.
@@ -149,16 +269,33 @@ impl StatusReport {
         );
         let _ = writeln!(
             s,
-            "\n{:<16} {:<20} {:<22} {:<8} {:<9} {:>10} {:>8} {:>8} {:>7}",
-            "NAME", "ID", "CLUSTER ADDR", "ROLE", "STATE", "LEASE", "ROUTES", "CONNS", "MATCHED"
+            "\n{:<16} {:<20} {:<22} {:<8} {:<9} {:>10} {:>8} {:>8} {:>7} {:>6}",
+            "NAME", "ID", "CLUSTER ADDR", "ROLE", "STATE", "LEASE", "ROUTES", "CONNS", "MATCHED", "UTIL"
         );
         for m in &self.members {
             let lease = m.lease_remaining_ms.map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
             let matched = m.matched_index.map_or("-".to_string(), |i| i.to_string());
+            let util = m.utilization.map_or("-".to_string(), |u| format!("{:.0}%", u * 100.0));
             let _ = writeln!(
                 s,
-                "{:<16} {:<20} {:<22} {:<8} {:<9} {:>10} {:>8} {:>8} {:>7}",
-                m.name, m.id, m.cluster_addr, m.role, m.state, lease, m.routes, m.connections, matched
+                "{:<16} {:<20} {:<22} {:<8} {:<9} {:>10} {:>8} {:>8} {:>7} {:>6}",
+                m.name, m.id, m.cluster_addr, m.role, m.state, lease, m.routes, m.connections, matched, util
+            );
+        }
+        if let Some(l) = &self.scale_in {
+            let _ = writeln!(s, "scale-in of {} in progress (lock until {} ms)", l.node.name, l.expires_at_ms);
+        }
+        if let Some(h) = &self.scaling {
+            let pct = |u: Option<f64>| u.map_or("-".to_string(), |u| format!("{:.0}%", u * 100.0));
+            let _ = writeln!(
+                s,
+                "scaling: {}  utilization cluster {} busiest {}  new connections {:.1}/s  cpu {}  ({})",
+                h.hint,
+                pct(h.cluster_utilization),
+                pct(h.max_node_utilization),
+                h.new_connections_per_s,
+                pct(h.cpu),
+                h.reasons.join("; ")
             );
         }
         let shares: Vec<String> = self.ring.share.iter().map(|(n, f)| format!("{n} {:.1}%", f * 100.0)).collect();

@@ -31,7 +31,7 @@ use gateway::raft::types::{Entry, LogId, Request, TypeConfig, Vote};
 use gateway::token::{mint, valid_device_id, AuthError, DeviceClaims, Verifier, MAX_TOKEN_BYTES};
 use gateway::wire::{
     AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, MemberStatus, MembershipSummary, NodeRef,
-    PromoteRequest, RingStatus, StatusReport,
+    PromoteRequest, RingStatus, ScaleInStatus, StatusReport,
 };
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use openraft::error::{Fatal, InstallSnapshotError, RaftError, SnapshotMismatch};
@@ -752,6 +752,8 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
                 routes,
                 connections,
                 matched_index,
+                capacity_connections: matched_index,
+                utilization: lease_remaining_ms.map(|ms| (ms % 1024) as f64 / 64.0),
             }
         },
     );
@@ -781,6 +783,11 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
             ring,
         )| {
             let (term, commit_index, applied_index, last_log_index) = (n[0], n[1], n[2], n[3]);
+            let scale_in = Some(node.clone()).filter(|_| term % 2 == 0).map(|node| ScaleInStatus {
+                node,
+                started_at_ms: term,
+                expires_at_ms: commit_index,
+            });
             StatusReport {
                 cluster_id,
                 node,
@@ -797,6 +804,9 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
                 admission_budget,
                 members,
                 ring,
+                connections_here: purged_index,
+                scale_in,
+                scaling: None,
             }
         },
     )

@@ -95,6 +95,8 @@ fn the_status_page_is_served_with_the_cluster_secret_only() {
             }
             assert!(page.contains("3 live") && page.contains("ring v"), "the ring's caption");
             assert!(page.contains("joined as a"), "membership events");
+            assert!(page.contains("id=\"cluster-events\""), "the replicated event log's panel");
+            assert!(page.contains("data-trigger=\"join\"") && page.contains("added as a voter"), "replicated events");
             assert!(!page.contains(&c.secret), "the page shows no secret");
         }
     }

@@ -26,6 +26,8 @@ pub fn report(api: &Api) -> crate::wire::StatusReport {
     let (rate_per_s, burst) = view.admission_share().unwrap_or((api.device.admit_rate, api.device.admit_burst));
     report.admission = Some(AdmissionStatus { rate_per_s, burst });
     report.admission_budget = view.state.admission.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
+    report.connections_here = Some(api.metrics.connections.get().max(0) as u64);
+    report.scaling = api.scaling.status();
     report
 }
 
@@ -84,6 +86,10 @@ pub async fn metrics(api: &Api) -> Resp {
     m.suspect_nodes.set(r.members.iter().filter(|m| m.state == "suspect").count() as i64);
     m.routes.set(g(r.total_routes()));
     m.ring_version.set(g(r.ring.version));
+    let capacity = r.members.iter().find(|x| x.id == r.node.id).and_then(|x| x.capacity_connections).unwrap_or(0);
+    m.capacity_connections.set(g(capacity));
+    let here = m.connections.get().max(0) as f64;
+    m.utilization.set(if capacity > 0 { here / capacity as f64 } else { 0.0 });
     hyper::Response::builder()
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -182,6 +188,16 @@ pub async fn join(api: &Api, path: &str, body: &[u8]) -> Resp {
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
     };
     on_leader(api, path, body, || async {
+        // One membership change at a time: a join waits for a scale-in in progress (a joining
+        // node retries; `gateway join` says why).
+        let view = api.cluster.view();
+        if let Some(l) = view.state.scale_in.as_ref().filter(|l| l.expires_at_ms >= api.cluster.now_ms()) {
+            let already = view.member(req.id).is_some();
+            if !already {
+                let msg = format!("a scale-in of {} is in progress: join again once it is done", l.name);
+                return error(StatusCode::CONFLICT, "busy", msg);
+            }
+        }
         match api.cluster.add_learner(req.id, req.member.clone()).await {
             Ok(added) => {
                 let summary = api.cluster.membership();

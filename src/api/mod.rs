@@ -9,6 +9,8 @@
 mod admin;
 mod messages;
 mod raft_rpc;
+mod scale;
+pub mod scaling;
 mod tenants;
 pub mod ui;
 
@@ -59,8 +61,10 @@ pub struct Api {
     pub mode: tokio::sync::watch::Receiver<crate::ws::Mode>,
     /// Cancelled to start a drain (`POST /cluster/drain`), as SIGTERM does.
     pub drain: CancellationToken,
-    /// Recent membership and ring events for the status page (`ui::events::record` fills it).
+    /// Leader changes seen by this node, for the status page (`ui::events::record` fills it).
     pub ui_events: Arc<ui::events::EventLog>,
+    /// The scaling hint as last evaluated (`scaling::follow` fills it).
+    pub scaling: Arc<scaling::Tracker>,
 }
 
 /// `{"error": reason, "message": message}` with `status`.
@@ -124,7 +128,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, "/readyz") => return admin::readyz(api),
         (&Method::GET, "/metrics") => return admin::metrics(api).await,
         // Its own auth: the cluster secret, Basic auth too (read-only paths).
-        (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req),
+        (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req).await,
         _ => {}
     }
     let Some(caller) = caller(api, &req) else {
@@ -143,6 +147,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         _ if publish => api.device.max_payload_bytes,
         _ => MAX_ADMIN_BODY,
     };
+    let query = req.uri().query().map(str::to_string);
     let idempotency_key =
         req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body = match Limited::new(req.into_body(), limit).collect().await {
@@ -175,6 +180,9 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, ["cluster", "ping"]) => admin::ping(api),
         (&Method::POST, ["cluster", "drain"]) => admin::drain(api),
         (&Method::POST, ["cluster", "admission"]) => admin::set_admission(api, &body).await,
+        (&Method::GET, ["cluster", "events"]) => scale::events(api, query.as_deref()).await,
+        (&Method::POST, ["cluster", "scale-in", "lock"]) => scale::lock(api, &body).await,
+        (&Method::POST, ["cluster", "scale-in", "unlock"]) => scale::unlock(api, &body).await,
         (&Method::GET, ["cluster", "tenants", tenant]) => tenants::show(api, tenant).await,
         (&Method::POST, ["cluster", "tenants", tenant]) => tenants::set_policy(api, tenant, &body).await,
         (&Method::POST, ["cluster", "tenants", tenant, "grants"]) => tenants::grant(api, tenant, &body).await,

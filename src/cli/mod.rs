@@ -84,6 +84,45 @@ pub enum Command {
         #[command(flatten)]
         secret: SecretArgs,
     },
+    /// Remove a node serially: lock (refused while another scale-in runs, when the voters left
+    /// would not keep a quorum, or when the nodes that stay lack the capacity), drain it, wait for
+    /// zero connections and routes on it, remove it from the membership. Prints each step.
+    ScaleIn {
+        /// Cluster address (host:port) of any member.
+        #[arg(long)]
+        cluster: String,
+        /// Name or id of the node to remove.
+        #[arg(long)]
+        node: String,
+        /// Go ahead even if the remaining nodes' declared capacity is below the connections.
+        #[arg(long)]
+        force: bool,
+        /// The scale-in lock lapses this long after this command last extended it (if it dies).
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(300..=3_600_000))]
+        lock_ttl_ms: u64,
+        /// Give up (releasing the lock) if the node still holds routes after this long.
+        #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout_ms: u64,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
+    /// Print the replicated cluster event log: membership and ring changes with their trigger,
+    /// connections and routes at the time, live nodes before and after, ring version.
+    Events {
+        #[arg(long)]
+        cluster: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Keep polling and print new events as they are recorded.
+        #[arg(long)]
+        follow: bool,
+        /// Start after this event seq.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[command(flatten)]
+        secret: SecretArgs,
+    },
     /// Mint a device token (HS256 JWT: sub = device id, epoch = install epoch) with the device secret.
     Token {
         /// Device id: 1-128 characters of [A-Za-z0-9._:@-].

@@ -162,6 +162,27 @@ pub struct ServeArgs {
     /// Most Idempotency-Keys remembered per device, oldest forgotten first [default: 1000].
     #[arg(long, env = "GATEWAY_IDEMPOTENCY_KEYS")]
     pub idempotency_keys: Option<u64>,
+    /// Device connections this node is designed to hold: status and metrics report
+    /// utilization against it, and `scale-in` checks the nodes that stay can hold the cluster's
+    /// connections [default: 0, undeclared].
+    #[arg(long, env = "GATEWAY_CAPACITY_CONNECTIONS")]
+    pub capacity_connections: Option<u64>,
+    /// Scaling hint: scale out at this utilization, of the cluster or of any node [default: 0.75].
+    #[arg(long, env = "GATEWAY_SCALE_OUT_UTILIZATION")]
+    pub scale_out_utilization: Option<f64>,
+    /// Scaling hint: scale in only below this utilization everywhere, sustained [default: 0.30].
+    #[arg(long, env = "GATEWAY_SCALE_IN_UTILIZATION")]
+    pub scale_in_utilization: Option<f64>,
+    /// Scaling hint: how long every signal must stay low before it says scale in [default: 600000].
+    #[arg(long, env = "GATEWAY_SCALE_IN_AFTER_MS")]
+    pub scale_in_after_ms: Option<u64>,
+    /// Scaling hint: scale out when this node accepts handshakes at this share of its admission
+    /// rate [default: 0.8].
+    #[arg(long, env = "GATEWAY_SCALE_OUT_ACCEPT_SHARE")]
+    pub scale_out_accept_share: Option<f64>,
+    /// Scaling hint: scale out when this process uses this share of its CPUs [default: 0.7].
+    #[arg(long, env = "GATEWAY_SCALE_OUT_CPU")]
+    pub scale_out_cpu: Option<f64>,
     #[command(flatten)]
     pub upstream: super::upstream::UpstreamArgs,
 }
@@ -215,6 +236,12 @@ impl ServeArgs {
             max_payload_bytes: self.max_payload_bytes,
             idempotency_ms: self.idempotency_ms,
             idempotency_keys: self.idempotency_keys,
+            capacity_connections: self.capacity_connections,
+            scale_out_utilization: self.scale_out_utilization,
+            scale_in_utilization: self.scale_in_utilization,
+            scale_in_after_ms: self.scale_in_after_ms,
+            scale_out_accept_share: self.scale_out_accept_share,
+            scale_out_cpu: self.scale_out_cpu,
             upstream: Some(self.upstream.to_layer()),
         }
     }

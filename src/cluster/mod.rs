@@ -19,9 +19,10 @@ use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
-    Ack, Budget, Claim, ClaimReply, ClaimTenant, Command, Drain, ExtendLeases, Floor, Forget, Grant, GrantReply, Init,
-    Member, NodeId, Op, Publish, PublishQuota, PublishReply, Release, ReleaseNode, Renew, Reply, Route, SetAdmission,
-    SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
+    Ack, BeginScaleIn, Budget, Claim, ClaimReply, ClaimTenant, ClusterEvent, Command, Drain, EndScaleIn, ExtendLeases,
+    Floor, Forget, Grant, GrantReply, Init, Member, NodeId, Op, Publish, PublishQuota, PublishReply, Release,
+    ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetTenantPolicy,
+    StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
@@ -212,6 +213,34 @@ impl Handle {
     /// rejoins with a renewal of its own, `hold_ms` later at the earliest. Whether it was live.
     pub async fn suspect(&self, node: NodeId, hold_ms: u64) -> Result<bool, ProposeError> {
         self.write_local(Suspect { node, at_ms: 0, hold_ms }).await
+    }
+
+    /// Publishes this node's designed connection capacity (0: undeclared).
+    pub async fn set_capacity(&self, capacity_connections: u64) -> Result<(), ProposeError> {
+        self.write(SetCapacity { node: self.inner.me, capacity_connections }).await
+    }
+
+    /// Takes (or, by its holder `owner`, extends for `ttl_ms`) the serial scale-in lock for
+    /// `node`, after the quorum and (unless `force`) capacity checks; the leader stamps the time.
+    pub async fn begin_scale_in(
+        &self,
+        node: NodeId,
+        owner: u64,
+        ttl_ms: u64,
+        force: bool,
+    ) -> Result<ScaleInReply, ProposeError> {
+        self.write(BeginScaleIn { node, owner, at_ms: 0, ttl_ms, force }).await
+    }
+
+    /// Releases the scale-in lock `owner` holds; whether it held it.
+    pub async fn end_scale_in(&self, node: NodeId, owner: u64, outcome: ScaleInOutcome) -> Result<bool, ProposeError> {
+        self.write(EndScaleIn { node, owner, outcome }).await
+    }
+
+    /// Up to `limit` events of the replicated cluster event log after seq `after`, oldest first.
+    pub async fn cluster_events(&self, after: u64, limit: usize) -> Result<Vec<ClusterEvent>, ReadError> {
+        let db = self.inner.state.clone();
+        read(move || db.cluster_events(after, limit)).await
     }
 
     /// Records the cluster id (the first one wins).

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::Handle;
 use crate::machine::NodeId;
-use crate::wire::{MemberStatus, NodeRef, RingStatus, StatusReport};
+use crate::wire::{MemberStatus, NodeRef, RingStatus, ScaleInStatus, StatusReport};
 
 pub(super) fn report(h: &Handle) -> StatusReport {
     let inner = &h.inner;
@@ -18,7 +18,10 @@ pub(super) fn report(h: &Handle) -> StatusReport {
         .members()
         .map(|(id, member)| {
             let lease = view.lease(id);
+            let capacity = view.state.capacity.get(&id).copied();
             MemberStatus {
+                capacity_connections: capacity,
+                utilization: capacity.map(|c| lease.map_or(0, |l| l.connections) as f64 / c as f64),
                 id,
                 name: member.name.clone(),
                 cluster_addr: member.cluster_addr.clone(),
@@ -51,6 +54,13 @@ pub(super) fn report(h: &Handle) -> StatusReport {
         admission: None,
         admission_budget: None,
         members,
+        connections_here: None,
+        scale_in: view.state.scale_in.as_ref().map(|l| ScaleInStatus {
+            node: NodeRef { id: l.node, name: name_of(l.node) },
+            started_at_ms: l.started_at_ms,
+            expires_at_ms: l.expires_at_ms,
+        }),
+        scaling: None,
         ring: RingStatus {
             version: view.state.ring_version,
             live: view.ring.nodes().to_vec(),

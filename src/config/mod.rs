@@ -86,6 +86,12 @@ pub struct FileConfig {
     pub max_payload_bytes: Option<usize>,
     pub idempotency_ms: Option<u64>,
     pub idempotency_keys: Option<u64>,
+    pub capacity_connections: Option<u64>,
+    pub scale_out_utilization: Option<f64>,
+    pub scale_in_utilization: Option<f64>,
+    pub scale_in_after_ms: Option<u64>,
+    pub scale_out_accept_share: Option<f64>,
+    pub scale_out_cpu: Option<f64>,
     /// The `[upstream]` table (device `up` delivery).
     pub upstream: Option<upstream::UpstreamFile>,
 }
@@ -210,6 +216,40 @@ impl Default for DeviceConfig {
     }
 }
 
+/// Capacity and the scaling hint (`status`, `watch`, `gateway_scaling_hint`): this node's designed
+/// capacity and the marks the hint compares the signals with. Reported by `status --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScalingConfig {
+    /// Device connections this node is designed to hold (0: undeclared, no utilization). Below
+    /// `max_connections`: it is what you plan with, not the hard stop.
+    pub capacity_connections: u64,
+    /// Scale out when the cluster's utilization (connections / declared capacity of the live
+    /// nodes), or any one node's, reaches this.
+    pub scale_out_utilization: f64,
+    /// Scale in only when the cluster and every node stay below this, and the cluster minus one
+    /// node would stay below `scale_out_utilization`, for `scale_in_after_ms`.
+    pub scale_in_utilization: f64,
+    pub scale_in_after_ms: u64,
+    /// Scale out when this node accepts new connections at this share of its admission rate.
+    pub scale_out_accept_share: f64,
+    /// Scale out when this process uses this share of the CPUs it may run on (scale in needs it
+    /// below `scale_in_utilization` too).
+    pub scale_out_cpu: f64,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        ScalingConfig {
+            capacity_connections: 0,
+            scale_out_utilization: 0.75,
+            scale_in_utilization: 0.30,
+            scale_in_after_ms: 600_000,
+            scale_out_accept_share: 0.8,
+            scale_out_cpu: 0.7,
+        }
+    }
+}
+
 /// How the node writes its log to stderr: text for people, JSON lines (tracing-subscriber's JSON
 /// formatter) for log pipelines.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +300,7 @@ pub struct Config {
     pub backend_secret_file: Option<PathBuf>,
     pub timing: Timing,
     pub device: DeviceConfig,
+    pub scaling: ScalingConfig,
     /// Page cache of each redb database (log and state), in bytes: redb keeps read pages and
     /// the pages of non-durable commits there, so it bounds the store's share of the node's memory.
     pub store_cache_bytes: usize,
@@ -347,6 +388,27 @@ impl Config {
         // else a handshake waits on (a forward, an election): shed before the deadline is hit.
         device.overload_commit_ms =
             flags.overload_commit_ms.or(file.overload_commit_ms).unwrap_or(device.handshake_timeout_ms / 4);
+        let ds = ScalingConfig::default();
+        let scaling = ScalingConfig {
+            capacity_connections: flags
+                .capacity_connections
+                .or(file.capacity_connections)
+                .unwrap_or(ds.capacity_connections),
+            scale_out_utilization: flags
+                .scale_out_utilization
+                .or(file.scale_out_utilization)
+                .unwrap_or(ds.scale_out_utilization),
+            scale_in_utilization: flags
+                .scale_in_utilization
+                .or(file.scale_in_utilization)
+                .unwrap_or(ds.scale_in_utilization),
+            scale_in_after_ms: flags.scale_in_after_ms.or(file.scale_in_after_ms).unwrap_or(ds.scale_in_after_ms),
+            scale_out_accept_share: flags
+                .scale_out_accept_share
+                .or(file.scale_out_accept_share)
+                .unwrap_or(ds.scale_out_accept_share),
+            scale_out_cpu: flags.scale_out_cpu.or(file.scale_out_cpu).unwrap_or(ds.scale_out_cpu),
+        };
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
         let start = match (join, standby) {
@@ -376,6 +438,7 @@ impl Config {
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
             timing,
             device,
+            scaling,
             store_cache_bytes: (cache_mib << 20) as usize,
             cluster_budget: match (
                 flags.cluster_admit_rate.or(file.cluster_admit_rate),

@@ -61,6 +61,12 @@ impl Config {
             max_payload_bytes: Some(d.max_payload_bytes),
             idempotency_ms: Some(d.idempotency_ms),
             idempotency_keys: Some(d.idempotency_keys),
+            capacity_connections: Some(self.scaling.capacity_connections),
+            scale_out_utilization: Some(self.scaling.scale_out_utilization),
+            scale_in_utilization: Some(self.scaling.scale_in_utilization),
+            scale_in_after_ms: Some(self.scaling.scale_in_after_ms),
+            scale_out_accept_share: Some(self.scaling.scale_out_accept_share),
+            scale_out_cpu: Some(self.scaling.scale_out_cpu),
             upstream: Some(self.upstream.effective()),
         }
     }

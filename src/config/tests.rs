@@ -36,6 +36,7 @@ fn example_config_is_valid() {
     assert_eq!(cfg.device, defaults.device, "the example documents the defaults");
     assert_eq!(cfg.store_cache_bytes, defaults.store_cache_bytes, "the example documents the defaults");
     assert_eq!(cfg.upstream, defaults.upstream, "the example documents the defaults");
+    assert_eq!(cfg.scaling, defaults.scaling, "the example documents the defaults");
 }
 
 #[test]
@@ -58,6 +59,9 @@ fn refuses_bad_values_and_unknown_keys() {
         "listen = \"0.0.0.0:8080\"",
         "cluster_advertise = \"0.0.0.0:7070\"",
         "cluster_advertise = \"gw-1\"",
+        "scale_in_utilization = 0.8",
+        "scale_out_utilization = 0.2",
+        "scale_out_accept_share = 0",
         "cluster_advertise = \"gw_1:7070\"",
         "cluster_advertise = \"gw-1:0\"",
         "cluster_advertise = \"http://gw-1:7070\"",

@@ -8,6 +8,25 @@ impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let (t, d) = (&self.timing, &self.device);
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        let sc = &self.scaling;
+        if !(sc.scale_in_utilization > 0.0
+            && sc.scale_in_utilization < sc.scale_out_utilization
+            && sc.scale_out_utilization <= 10.0)
+        {
+            return bad(format!(
+                "scale_in_utilization ({}) and scale_out_utilization ({}): need 0 < in < out <= 10",
+                sc.scale_in_utilization, sc.scale_out_utilization
+            ));
+        }
+        if !(sc.scale_out_cpu > sc.scale_in_utilization && sc.scale_out_cpu <= 1.0) {
+            return bad(format!("scale_out_cpu ({}) must be in (scale_in_utilization, 1]", sc.scale_out_cpu));
+        }
+        if !(sc.scale_out_accept_share > 0.0 && sc.scale_out_accept_share <= 1.0) {
+            return bad(format!("scale_out_accept_share ({}) must be in (0, 1]", sc.scale_out_accept_share));
+        }
+        if sc.scale_in_after_ms > super::MAX_DURATION_MS {
+            return bad(format!("scale_in_after_ms ({}) is too long", sc.scale_in_after_ms));
+        }
         if let Some(name) = &self.name {
             if name.is_empty()
                 || name.len() > 64

@@ -212,6 +212,7 @@ impl Apply for Forget {
     fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
         let n = delete_node_routes(cx.state, cx.tables, self.node)?;
         cx.state.nodes.remove(&self.node);
+        cx.state.capacity.remove(&self.node);
         Ok(n)
     }
 }

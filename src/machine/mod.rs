@@ -6,7 +6,9 @@
 
 pub mod admission;
 pub mod claim;
+pub mod events;
 pub mod lease;
+pub mod scale;
 pub mod stream;
 pub mod tables;
 pub mod tenant;
@@ -14,6 +16,8 @@ pub mod types;
 
 #[cfg(test)]
 pub(crate) mod props;
+#[cfg(test)]
+pub(crate) mod scale_tests;
 #[cfg(test)]
 pub(crate) mod stream_tests;
 #[cfg(test)]
@@ -29,7 +33,9 @@ use serde::{Deserialize, Serialize};
 
 pub use admission::{Budget, SetAdmission};
 pub use claim::{Claim, ClaimReply, ClaimTenant, Release};
+pub use events::{ClusterEvent, Trigger};
 pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
+pub use scale::{BeginScaleIn, EndScaleIn, ScaleInLock, ScaleInOutcome, ScaleInReply, SetCapacity};
 pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
 pub use tenant::{Entry, EntryKind, Exhausted, Grant, GrantReply, Policy, PublishQuota, SetTenantPolicy, TenantRow};
@@ -52,6 +58,12 @@ pub struct State {
     pub members: BTreeMap<NodeId, Member>,
     pub voters: BTreeSet<NodeId>,
     pub nodes: BTreeMap<NodeId, NodeLease>,
+    /// Events recorded in the cluster event log so far: the newest one's seq.
+    pub event_seq: u64,
+    /// The scale-in in progress, if one holds the lock.
+    pub scale_in: Option<ScaleInLock>,
+    /// Each member's declared connection capacity (`--capacity-connections`), when declared.
+    pub capacity: BTreeMap<NodeId, u64>,
 }
 
 impl State {
@@ -180,6 +192,12 @@ commands! {
     SetTenantPolicy => u64,
     /// Grants a tenant more publishes this period (once per grant id).
     Grant => GrantReply,
+    /// Records a node's designed connection capacity.
+    SetCapacity => (),
+    /// Takes or extends the serial scale-in lock, after the quorum and capacity checks.
+    BeginScaleIn => ScaleInReply,
+    /// Releases the scale-in lock: whether the caller held it.
+    EndScaleIn => bool,
 }
 
 impl Command {
@@ -193,7 +211,8 @@ impl Command {
             | Command::Publish(Publish { at_ms, .. })
             | Command::Suspect(Suspect { at_ms, .. })
             | Command::SetTenantPolicy(SetTenantPolicy { at_ms, .. })
-            | Command::Grant(Grant { at_ms, .. }) => Some(at_ms),
+            | Command::Grant(Grant { at_ms, .. })
+            | Command::BeginScaleIn(BeginScaleIn { at_ms, .. }) => Some(at_ms),
             _ => None,
         }
     }
@@ -209,6 +228,21 @@ impl Command {
                 | Command::Suspect(_)
                 | Command::Drain(_)
                 | Command::Init(_)
+        )
+    }
+
+    /// Whether applying this command may change a lease state, the live set or the scale-in
+    /// lock: what the event log watches.
+    fn watched(&self) -> bool {
+        matches!(
+            self,
+            Command::Renew(_)
+                | Command::Sweep(_)
+                | Command::Suspect(_)
+                | Command::Drain(_)
+                | Command::Forget(_)
+                | Command::BeginScaleIn(_)
+                | Command::EndScaleIn(_)
         )
     }
 
@@ -263,8 +297,12 @@ pub fn apply<T: Tables>(
     let replies = match input {
         Input::Blank => Vec::new(),
         Input::Membership { members, voters } => {
+            let before = events::Before::of(state);
             state.members = members;
             state.voters = voters;
+            if let Some((trigger, node, detail)) = events::membership_trigger(state, &before) {
+                events::record(state, tables, index, trigger, node, detail, &before, &live_before)?;
+            }
             Vec::new()
         }
         Input::Commands { term, cmds } => {
@@ -274,7 +312,11 @@ pub fn apply<T: Tables>(
                 if let Some(at_ms) = cmd.at_ms() {
                     cx.state.clock_ms = cx.state.clock_ms.max(*at_ms);
                 }
+                let watch = cmd.watched().then(|| Watch::of(cx.state, &cmd));
                 replies.push(cmd.apply(&mut cx)?);
+                if let Some(w) = watch {
+                    w.record(&mut cx, index, &live_before)?;
+                }
             }
             replies
         }
@@ -283,4 +325,59 @@ pub fn apply<T: Tables>(
         state.ring_version = index;
     }
     Ok(replies)
+}
+
+/// What the event log compares a watched command's effect against.
+struct Watch {
+    before: events::Before,
+    leases: BTreeMap<NodeId, LeaseState>,
+    lock: Option<ScaleInLock>,
+    outcome: Option<ScaleInOutcome>,
+}
+
+impl Watch {
+    fn of(state: &State, cmd: &Command) -> Watch {
+        Watch {
+            before: events::Before::live_of(state),
+            leases: state.nodes.iter().map(|(id, l)| (*id, l.state)).collect(),
+            lock: state.scale_in.clone(),
+            outcome: match cmd {
+                Command::EndScaleIn(e) => Some(e.outcome),
+                _ => None,
+            },
+        }
+    }
+
+    /// Records one event if the command changed a lease state (the first changed node names the
+    /// trigger; the detail lists every change) or the scale-in lock.
+    fn record<T: Tables>(self, cx: &mut Ctx<'_, T>, index: u64, entry_live: &[NodeId]) -> Result<(), T::Error> {
+        let state = &*cx.state;
+        let mut changes = Vec::new();
+        for id in state.nodes.keys().chain(self.leases.keys().filter(|id| !state.nodes.contains_key(id))) {
+            if let Some(change) = events::lease_trigger(state, *id, self.leases.get(id).copied()) {
+                changes.push((*id, change));
+            }
+        }
+        let lock_change = match (&self.lock, &state.scale_in) {
+            (a, b) if a.as_ref().map(|l| (l.node, l.owner)) == b.as_ref().map(|l| (l.node, l.owner)) => None,
+            (_, Some(l)) => Some((l.node, format!("scale-in of {} started", l.name))),
+            (Some(l), None) => {
+                let how = match self.outcome {
+                    Some(ScaleInOutcome::Done) => "finished",
+                    _ => "aborted",
+                };
+                Some((l.node, format!("scale-in of {} {how}", l.name)))
+            }
+            (None, None) => None,
+        };
+        let (trigger, node, detail) = match (changes.first(), lock_change) {
+            (_, Some((node, detail))) => (Trigger::ScaleIn, node, detail),
+            (Some((node, (trigger, _))), None) => {
+                let detail: Vec<&str> = changes.iter().map(|(_, (_, d))| d.as_str()).collect();
+                (*trigger, *node, detail.join("; "))
+            }
+            (None, None) => return Ok(()),
+        };
+        events::record(cx.state, cx.tables, index, trigger, Some(node), detail, &self.before, entry_live)
+    }
 }

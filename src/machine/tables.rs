@@ -2,6 +2,7 @@
 //! transaction; `mem::MemTables` implements it on maps for the domain's own tests. The node
 //! leases, membership and cluster id are not tables: they live in [`super::State`], in memory.
 
+use super::events::ClusterEvent;
 use super::stream::{Head, KeyUse, Message};
 use super::tenant::{Entry, TenantRow};
 use super::types::{Floor, NodeId, Route};
@@ -48,6 +49,10 @@ pub trait Tables {
     fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), Self::Error>;
     /// Deletes the tenant's ledger entries of periods before `keep_from`.
     fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), Self::Error>;
+
+    /// The cluster event log (see [`super::events`]): one event by its seq.
+    fn put_cluster_event(&mut self, seq: u64, event: &ClusterEvent) -> Result<(), Self::Error>;
+    fn remove_cluster_event(&mut self, seq: u64) -> Result<(), Self::Error>;
 }
 
 /// In-memory tables: the reference backend for the domain's tests (and the model they compare
@@ -72,6 +77,7 @@ pub mod mem {
         pub device_tenants: BTreeMap<String, String>,
         pub tenants: BTreeMap<String, TenantRow>,
         pub ledger: BTreeMap<(String, u64, String), Entry>,
+        pub cluster_events: BTreeMap<u64, ClusterEvent>,
     }
 
     impl Tables for MemTables {
@@ -164,6 +170,14 @@ pub mod mem {
         }
         fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), Infallible> {
             self.ledger.retain(|(t, period, _), _| t != tenant || *period >= keep_from);
+            Ok(())
+        }
+        fn put_cluster_event(&mut self, seq: u64, event: &ClusterEvent) -> Result<(), Infallible> {
+            self.cluster_events.insert(seq, event.clone());
+            Ok(())
+        }
+        fn remove_cluster_event(&mut self, seq: u64) -> Result<(), Infallible> {
+            self.cluster_events.remove(&seq);
             Ok(())
         }
     }

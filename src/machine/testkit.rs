@@ -265,7 +265,7 @@ pub fn floor(max_version: u64, max_epoch: u64, max_attempt: u64, last_node: Node
 /// Declares one `#[test]` per generic rule test (and one proptest per property) for `$backend`.
 macro_rules! backend_tests {
     ($backend:ty) => {
-        use $crate::machine::{props, stream_tests, tenant_tests, tests};
+        use $crate::machine::{props, scale_tests, stream_tests, tenant_tests, tests};
         $crate::machine::testkit::backend_tests!(@each $backend, tests:
             claim_accept_supersede_stale_and_epoch_order,
             claim_replay_is_idempotent,
@@ -299,6 +299,13 @@ macro_rules! backend_tests {
             a_tenant_at_its_connection_cap_is_refused_and_others_are_not,
             a_publish_quota_counts_each_consumption_once_and_renews_each_period,
             tenants_survive_a_reopen_and_a_snapshot,
+        );
+        $crate::machine::testkit::backend_tests!(@each $backend, scale_tests:
+            the_event_log_records_each_change_with_its_trigger_counts_and_ring,
+            the_event_log_keeps_the_newest_events_only,
+            one_scale_in_at_a_time_and_the_lock_lapses_unless_extended,
+            a_scale_in_keeps_a_quorum_of_healthy_voters,
+            a_scale_in_needs_the_remaining_capacity_unless_forced,
         );
         proptest::proptest! {
             #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]

@@ -46,6 +46,13 @@ impl Sample {
     }
 }
 
+/// This process's CPU time (user + system) in seconds, from `/proc/self/stat` alone: cheap
+/// enough to read every second (the scaling hint's CPU signal).
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    stat_times(&stat).map(|(user, system, _)| (user + system) as f64 / USER_HZ)
+}
+
 /// `Name:   123 kB` (or a bare count such as `Threads:`) from `/proc/<pid>/status`.
 fn status_kib(status: &str, key: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with(key))?;

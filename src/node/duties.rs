@@ -32,6 +32,8 @@ pub struct Renewer {
     pub renewed: watch::Sender<Instant>,
     /// Random per process start (see [`Renew`]).
     pub incarnation: u64,
+    /// `--capacity-connections`: published once it differs from the applied value.
+    pub capacity_connections: u64,
 }
 
 impl Renewer {
@@ -70,6 +72,7 @@ impl Renewer {
                     if std::mem::take(&mut failing) {
                         tracing::info!("lease renewals commit again");
                     }
+                    self.publish_capacity().await;
                 }
                 Err(e) => {
                     // Retry soon rather than a period later: after a leader dies, the first
@@ -79,6 +82,20 @@ impl Renewer {
                         tracing::warn!(error = %e, "lease renewal did not commit; retrying every {:?}", period / 8);
                     }
                 }
+            }
+        }
+    }
+
+    /// Publishes `--capacity-connections` when the applied value differs (a start, a changed flag).
+    async fn publish_capacity(&self) {
+        let applied = self.view.borrow().state.capacity.get(&self.cluster.me()).copied().unwrap_or(0);
+        if applied == self.capacity_connections {
+            return;
+        }
+        match self.cluster.set_capacity(self.capacity_connections).await {
+            Ok(()) => tracing::info!(capacity_connections = self.capacity_connections, "capacity published"),
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing the capacity did not commit; retrying with the next renewal")
             }
         }
     }

@@ -178,6 +178,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         mode: mode.clone(),
         drain: drain_requested.clone(),
         ui_events: Arc::default(),
+        scaling: Arc::default(),
     });
     let d = &cfg.device;
     let upstream =
@@ -244,6 +245,14 @@ impl Node {
         let conns = TaskTracker::new();
         let ui_events = api::ui::events::record(cluster.clone(), api.ui_events.clone(), stop.clone());
         spawn("ui-events", Box::pin(ui_events));
+        let scaling = api::scaling::follow(
+            cluster.watch(),
+            cfg.scaling.clone(),
+            api.scaling.clone(),
+            self.metrics.clone(),
+            stop.clone(),
+        );
+        spawn("scaling", Box::pin(scaling));
         spawn("cluster-listener", Box::pin(api::run(cluster_listener, api, conns.clone(), stop.clone())));
         spawn("public-listener", Box::pin(ws::run(public, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
@@ -255,6 +264,7 @@ impl Node {
             mode: mode.subscribe(),
             renewed: renewed.0,
             incarnation: rand::random(),
+            capacity_connections: cfg.scaling.capacity_connections,
         };
         spawn("renewer", Box::pin(renewer.run(stop.clone())));
         spawn(

@@ -32,12 +32,14 @@ pub(super) const DEVICE_TENANTS: TableDefinition<&str, &str> = TableDefinition::
 pub(super) const TENANTS: TableDefinition<&str, &[u8]> = TableDefinition::new("tenants");
 /// (tenant, period, consumption id) → ledger entry (codec).
 pub(super) const LEDGER: TableDefinition<(&str, u64, &str), &[u8]> = TableDefinition::new("quota_ledger");
+/// seq → cluster event (codec): the bounded membership and ring change log (`machine::events`).
+pub(super) const CLUSTER_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("cluster_events");
 
 /// Not state: the last built (or installed) snapshot, kept for followers that need it.
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
-pub(super) static STATE_TABLES: [&dyn RawTable; 12] = [
+pub(super) static STATE_TABLES: [&dyn RawTable; 13] = [
     &ROUTES,
     &FLOORS,
     &NODE_ROUTES,
@@ -50,6 +52,7 @@ pub(super) static STATE_TABLES: [&dyn RawTable; 12] = [
     &DEVICE_TENANTS,
     &TENANTS,
     &LEDGER,
+    &CLUSTER_EVENTS,
 ];
 
 /// A table's rows as redb's own key and value bytes, in key order. Snapshots carry these: their

@@ -11,12 +11,14 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableM
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
-    Rows, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, NODE_ROUTES, ROUTES, SNAPSHOT,
-    STATE_TABLES, STREAMS, TENANTS,
+    Rows, CLUSTER_EVENTS, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, NODE_ROUTES,
+    ROUTES, SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
 };
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::machine::{Entry, Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables, TenantRow};
+use crate::machine::{
+    ClusterEvent, Entry, Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables, TenantRow,
+};
 
 /// The layout of this file, written when it is created: a file of another layout is refused
 /// with a clear error, never misread. 2: the table registry (`store::schema`) and the adapter's
@@ -28,6 +30,10 @@ const CLUSTER_ID: &str = "cluster_id";
 const CLOCK_MS: &str = "clock_ms";
 const EXTENDED_TERM: &str = "extended_term";
 const ADMISSION: &str = "admission";
+/// Added in issue 15 under new keys (a file without them loads the defaults: no format bump).
+const EVENT_SEQ: &str = "event_seq";
+const SCALE_IN: &str = "scale_in";
+const CAPACITY: &str = "capacity";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
 const APPLIED: &str = "applied";
 const CURRENT_SNAPSHOT: &str = "current";
@@ -108,6 +114,9 @@ impl StateDb {
             clock_ms: get(CLOCK_MS)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             extended_term: get(EXTENDED_TERM)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             admission: get(ADMISSION)?.map(|b| decode(&b)).transpose()?.flatten(),
+            event_seq: get(EVENT_SEQ)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
+            scale_in: get(SCALE_IN)?.map(|b| decode(&b)).transpose()?.flatten(),
+            capacity: get(CAPACITY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             // The adapter restores the membership from `applied`.
             members: BTreeMap::new(),
             voters: Default::default(),
@@ -210,6 +219,18 @@ impl StateDb {
         Ok(StreamRead { head, messages })
     }
 
+    /// Up to `limit` events of the cluster event log with seq > `after`, oldest first.
+    pub fn cluster_events(&self, after: u64, limit: usize) -> Result<Vec<ClusterEvent>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(CLUSTER_EVENTS)?;
+        let mut out = Vec::new();
+        for row in table.range(after.saturating_add(1)..)?.take(limit) {
+            let (_, v) = row?;
+            out.push(decode(v.value())?);
+        }
+        Ok(out)
+    }
+
     /// Serializes every registered table from one read transaction (applies may run concurrently).
     pub fn dump(&self) -> Result<Dump, StoreError> {
         let txn = self.db.begin_read()?;
@@ -304,6 +325,7 @@ pub struct StateTxn<'t> {
     device_tenants: Table<'t, &'static str, &'static str>,
     tenants: Table<'t, &'static str, &'static [u8]>,
     ledger: Table<'t, (&'static str, u64, &'static str), &'static [u8]>,
+    cluster_events: Table<'t, u64, &'static [u8]>,
 }
 
 impl<'t> StateTxn<'t> {
@@ -321,6 +343,7 @@ impl<'t> StateTxn<'t> {
             device_tenants: txn.open_table(DEVICE_TENANTS)?,
             tenants: txn.open_table(TENANTS)?,
             ledger: txn.open_table(LEDGER)?,
+            cluster_events: txn.open_table(CLUSTER_EVENTS)?,
         })
     }
 
@@ -329,8 +352,19 @@ impl<'t> StateTxn<'t> {
     pub fn save(&mut self, before: &State, after: &State, applied: &[u8]) -> Result<(), StoreError> {
         // Every field named, so that a new one cannot be forgotten here (or in `load`). The
         // membership is persisted by the adapter, in `applied`.
-        let State { cluster_id, ring_version, clock_ms, extended_term, admission, members: _, voters: _, nodes } =
-            after;
+        let State {
+            cluster_id,
+            ring_version,
+            clock_ms,
+            extended_term,
+            admission,
+            members: _,
+            voters: _,
+            nodes,
+            event_seq,
+            scale_in,
+            capacity,
+        } = after;
         for (id, lease) in nodes {
             if before.nodes.get(id) != Some(lease) {
                 self.nodes.insert(*id, encode(lease)?.as_slice())?;
@@ -355,6 +389,15 @@ impl<'t> StateTxn<'t> {
         }
         if *admission != before.admission {
             self.meta.insert(ADMISSION, encode(admission)?.as_slice())?;
+        }
+        if before.event_seq != *event_seq {
+            self.meta.insert(EVENT_SEQ, encode(event_seq)?.as_slice())?;
+        }
+        if before.scale_in != *scale_in {
+            self.meta.insert(SCALE_IN, encode(scale_in)?.as_slice())?;
+        }
+        if before.capacity != *capacity {
+            self.meta.insert(CAPACITY, encode(capacity)?.as_slice())?;
         }
         self.meta.insert(APPLIED, applied)?;
         Ok(())
@@ -463,6 +506,14 @@ impl Tables for StateTxn<'_> {
         if keep_from > 0 {
             self.ledger.retain_in((tenant, 0, "")..(tenant, keep_from, ""), |_, _| false)?;
         }
+        Ok(())
+    }
+    fn put_cluster_event(&mut self, seq: u64, event: &ClusterEvent) -> Result<(), StoreError> {
+        self.cluster_events.insert(seq, encode(event)?.as_slice())?;
+        Ok(())
+    }
+    fn remove_cluster_event(&mut self, seq: u64) -> Result<(), StoreError> {
+        self.cluster_events.remove(seq)?;
         Ok(())
     }
 }

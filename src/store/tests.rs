@@ -7,8 +7,8 @@ use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use tempfile::TempDir;
 
 use super::schema::{
-    Rows, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, NODE_ROUTES, ROUTES, SNAPSHOT, STATE_TABLES,
-    STREAMS, TENANTS,
+    Rows, CLUSTER_EVENTS, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, NODE_ROUTES, ROUTES, SNAPSHOT,
+    STATE_TABLES, STREAMS, TENANTS,
 };
 use super::state::{Loaded, StateDb};
 use crate::codec::{decode, encode};
@@ -106,6 +106,10 @@ impl Backend for RedbBackend {
         for row in txn.open_table(TENANTS).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
             t.tenants.insert(k.value().to_string(), decode(v.value()).unwrap());
+        }
+        for row in txn.open_table(CLUSTER_EVENTS).unwrap().iter().unwrap() {
+            let (k, v) = row.unwrap();
+            t.cluster_events.insert(k.value(), decode(v.value()).unwrap());
         }
         for row in txn.open_table(LEDGER).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();

@@ -53,7 +53,11 @@ impl Admin {
         Admin { http }
     }
 
-    async fn parse<T: DeserializeOwned>(
+    pub(super) fn http(&self) -> &HttpClient {
+        &self.http
+    }
+
+    pub(super) async fn parse<T: DeserializeOwned>(
         &self,
         addr: &str,
         res: Result<(hyper::StatusCode, bytes::Bytes), HttpError>,

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod bench;
 pub mod plan;
 pub mod probe;
+pub mod scale;
 
 use std::path::PathBuf;
 

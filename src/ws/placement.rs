@@ -1,7 +1,15 @@
 //! Placement (design §2): where a device should connect. Its current route's node if that node is
-//! live; else the node of its last accepted claim if live; else the ring owner, skipping nodes
+//! live; else the node of its last accepted claim if live; else, for a new device, the less loaded
+//! of its first two ring candidates (the ring owner and the next node on the ring), skipping nodes
 //! whose connection count exceeds 1.3 × the live mean. Never a node whose lease has lapsed, and
-//! never the `fallback` node the device reported unreachable. Pure over its inputs.
+//! never the `fallback` node the device reported unreachable. Pure over its inputs: the counts are
+//! the applied ones (they travel with lease renewals), so every node places a device alike.
+//!
+//! Two choices (issue 15): a node that just joined first takes every new device while the others
+//! hold more than 1.3 × the mean (the overlay); after that, with the owner alone, it would fill at
+//! only 1/N of arrivals. As one of two candidates it takes about 2/N of them until its count (as
+//! renewed) reaches the others'. Connected and reconnecting devices never move (steps one and
+//! two).
 
 use crate::machine::{Floor, LeaseState, NodeId, Route};
 use crate::view::ClusterView;
@@ -47,10 +55,16 @@ pub fn place(
         })
     };
     let key = device.as_bytes();
-    view.ring
-        .owner_skipping(key, |name| !usable(name, true))
-        .or_else(|| view.ring.owner_skipping(key, |name| !usable(name, false)))
-        .and_then(id_of)
+    let owner = view.ring.owner_skipping(key, |name| !usable(name, true));
+    let Some(owner) = owner else {
+        return view.ring.owner_skipping(key, |name| !usable(name, false)).and_then(id_of);
+    };
+    let count = |name: &str| id_of(name).and_then(|id| live.iter().find(|(l, _)| *l == id)).map_or(0, |(_, c)| *c);
+    let second = view.ring.owner_skipping(key, |name| name == owner || !usable(name, true));
+    match second {
+        Some(second) if count(second) < count(owner) => id_of(second),
+        _ => id_of(owner),
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +127,33 @@ mod tests {
         for d in 0..50 {
             assert_eq!(place(&v, &format!("d{d}"), None, None, None, NOW), Some(1));
         }
+    }
+
+    #[test]
+    fn a_fresh_node_takes_about_two_shares_of_new_devices_until_it_catches_up() {
+        let devices = 2_000;
+        let on = |v: &ClusterView, node: NodeId| {
+            (0..devices).filter(|d| place(v, &format!("dev{d}"), None, None, None, NOW) == Some(node)).count()
+        };
+        let live = |id, conns| (id, LeaseState::Live, 5_000, conns);
+        // n4 joined a while ago and holds 40: nobody is above 1.3x the mean (85), so the overlay
+        // skips nobody and only the two choices steer.
+        let fresh = view(&[live(1, 100), live(2, 100), live(3, 100), live(4, 40)]);
+        let balanced = view(&[live(1, 100), live(2, 100), live(3, 100), live(4, 100)]);
+        let ring_share = on(&balanced, 4);
+        let steered = on(&fresh, 4);
+        assert!((350..650).contains(&ring_share), "owner only at equal load: ~1/4, got {ring_share}");
+        assert!(steered > ring_share * 3 / 2, "fresh n4 takes ~2/4 of new devices: {steered} vs {ring_share}");
+        assert!(steered < devices * 2 / 3, "and not all of them: {steered}");
+        // Just joined (0 while the others hold 100: all above 1.3x the mean of 75): the overlay
+        // sends every new device to it until it holds a few.
+        let empty = view(&[live(1, 100), live(2, 100), live(3, 100), live(4, 0)]);
+        assert_eq!(on(&empty, 4), devices);
+        // A device that was here before goes back to its node, whatever the loads.
+        let floor = Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node: 2 };
+        assert_eq!(place(&fresh, "dev1", None, Some(&floor), None, NOW), Some(2));
+        // Deterministic: the same view places a device the same way every time.
+        assert_eq!(place(&fresh, "dev7", None, None, None, NOW), place(&fresh, "dev7", None, None, None, NOW));
     }
 
     #[test]

@@ -416,6 +416,61 @@ impl Drop for Cluster {
     }
 }
 
+/// A `gateway` command running in the background (`Cluster::cli_background`).
+pub struct BackgroundCli {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    out_path: PathBuf,
+    err_path: PathBuf,
+    args: String,
+}
+
+impl BackgroundCli {
+    /// What it printed on stdout so far (it keeps running).
+    pub fn stdout_so_far(&self) -> String {
+        fs::read_to_string(&self.out_path).unwrap_or_default()
+    }
+
+    /// Waits at most `bound` for it to exit (killed and a panic after that).
+    pub fn wait(mut self, bound: Duration) -> CliOutput {
+        let status = wait_until(bound, &format!("gateway {} to exit", self.args), || {
+            self.child.try_wait().unwrap().ok_or_else(|| fs::read_to_string(&self.out_path).unwrap_or_default())
+        });
+        let out = CliOutput {
+            code: status.code(),
+            stdout: fs::read_to_string(&self.out_path).unwrap_or_default(),
+            stderr: fs::read_to_string(&self.err_path).unwrap_or_default(),
+        };
+        println!("[cli] gateway {} -> {:?}", self.args, out.code);
+        out
+    }
+}
+
+impl Drop for BackgroundCli {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Cluster {
+    /// Starts `gateway <args> --cluster-secret-file <secret>` without waiting for it.
+    pub fn cli_background(&self, args: &[&str]) -> BackgroundCli {
+        let dir = tempfile::tempdir().unwrap();
+        let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+        let mut cmd = Command::new(bin());
+        cmd.args(args)
+            .arg("--cluster-secret-file")
+            .arg(&self.secret_file)
+            .stdin(Stdio::null())
+            .stdout(File::create(&out_path).unwrap())
+            .stderr(File::create(&err_path).unwrap());
+        scrub_env(&mut cmd);
+        let child = cmd.spawn().unwrap();
+        BackgroundCli { child, _dir: dir, out_path, err_path, args: args.join(" ") }
+    }
+}
+
 fn run_cli(args: &[&str]) -> CliOutput {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("stdout");

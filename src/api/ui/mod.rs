@@ -48,8 +48,11 @@ fn authorized(api: &Api, req: &Request<Incoming>) -> bool {
     bool::from(decoded[colon + 1..].ct_eq(secret))
 }
 
+/// Replicated events the page shows (newest first).
+const SHOWN_CLUSTER_EVENTS: u64 = 50;
+
 /// Serves `/ui` and `/ui/live` (GET only; the caller checked the path).
-pub fn serve(api: &Api, req: &Request<Incoming>) -> Resp {
+pub async fn serve(api: &Api, req: &Request<Incoming>) -> Resp {
     if req.method() != hyper::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "the status page is read with GET");
     }
@@ -67,10 +70,20 @@ pub fn serve(api: &Api, req: &Request<Incoming>) -> Resp {
     let view = api.cluster.view();
     let arcs = view.ring.arcs();
     let events = api.ui_events.recent();
+    let after = view.state.event_seq.saturating_sub(SHOWN_CLUSTER_EVENTS);
+    let mut cluster_events: Vec<crate::wire::EventView> = match api.cluster.cluster_events(after, 64).await {
+        Ok(e) => e.into_iter().map(Into::into).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the cluster event log for the status page failed");
+            Vec::new()
+        }
+    };
+    cluster_events.reverse();
     let live = page::Live {
         report: &report,
         arcs: arcs.iter().map(|a| (a.node.as_str(), a.start, a.end)).collect(),
         events: &events,
+        cluster_events: &cluster_events,
     };
     let nonce = format!("{:032x}", rand::random::<u128>());
     let (body, csp) = if req.uri().path() == "/ui/live" {

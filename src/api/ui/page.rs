@@ -33,6 +33,8 @@ pub struct Live<'a> {
     /// The ring's arcs: owner name and `(start, end]` as 64-bit hashes.
     pub arcs: Vec<(&'a str, u64, u64)>,
     pub events: &'a [UiEvent],
+    /// The replicated cluster event log, newest first.
+    pub cluster_events: &'a [crate::wire::EventView],
 }
 
 /// A member's colour: its position among every member sorted by name.
@@ -110,7 +112,30 @@ pub fn live(l: &Live<'_>) -> String {
             url = esc(&m.public_url),
         );
     }
-    s.push_str("</tbody></table></div><h2>Recent events <small>(as this node saw them, newest first)</small></h2><ol id=\"events\">");
+    s.push_str(
+        "</tbody></table></div><h2>Cluster events <small>(the replicated log: the same on every node, newest \
+         first)</small></h2><ol id=\"cluster-events\">",
+    );
+    for e in l.cluster_events {
+        let _ = write!(
+            s,
+            "<li data-trigger=\"{trigger}\"><time data-ms=\"{at}\">{clock}</time> <b>{trigger}</b> {detail} \
+             <small>(connections {c}, routes {r}; live [{before}] → [{after}]; ring v{ring})</small></li>",
+            trigger = esc(&e.trigger),
+            at = e.at_ms,
+            clock = clock(e.at_ms),
+            detail = esc(&e.detail),
+            c = e.connections,
+            r = e.routes,
+            before = esc(&e.live_before.join(", ")),
+            after = esc(&e.live_after.join(", ")),
+            ring = e.ring_version,
+        );
+    }
+    s.push_str(
+        "</ol><h2>Seen by this node <small>(in memory, with leader changes; newest first)</small></h2><ol \
+         id=\"events\">",
+    );
     for e in l.events {
         let _ = write!(s, "<li><time data-ms=\"{}\">{}</time> {}</li>", e.at_ms, clock(e.at_ms), esc(&e.text));
     }
