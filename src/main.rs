@@ -98,6 +98,7 @@ fn check_config(cfg: &Config) -> Result<(), Failure> {
         "backend_secret_file (or GATEWAY_BACKEND_SECRET)",
         secrets::inspect_backend(cfg.backend_secret_file.as_deref(), dir),
     )?;
+    gateway::tls::check(&cfg.tls).map_err(|e| Failure::Config(format!("invalid configuration: {e}")))?;
     println!("# gateway check-config: the configuration `gateway serve` would run with (valid).");
     println!("# Secrets are read from (values never shown):");
     println!("#   cluster secret:  {cluster}");
@@ -142,7 +143,8 @@ impl From<AdminError> for Failure {
 
 fn admin(secret: &SecretArgs) -> Result<Admin, Failure> {
     let s = secrets::cli_cluster_secret(secret.cluster_secret_file.as_deref(), &secret.data_dir)?;
-    Ok(Admin::new(HttpClient::new(&s)))
+    let tls = secret.tls().map_err(|e| Failure::Config(e.to_string()))?;
+    Ok(Admin::new(HttpClient::with_tls(&s, tls)))
 }
 
 async fn run(cli: Cli, cfg: Option<Config>) -> Result<(), Failure> {

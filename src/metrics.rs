@@ -17,6 +17,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A TLS event on one listener (`public`, `cluster`): a handshake's or a certificate reload's result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsLabel {
+    pub listener: &'static str,
+    pub result: &'static str,
+}
+
 /// An upstream endpoint, by `host:port`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
@@ -93,6 +100,10 @@ pub struct Metrics {
     /// Ups in flight on this node, and their payload bytes.
     pub ups_in_flight: Gauge,
     pub ups_in_flight_bytes: Gauge,
+    /// TLS handshakes on the listeners by result (`ok`, `failed`, `timeout`).
+    pub tls_handshakes: Family<TlsLabel, Counter>,
+    /// Certificate reloads by result (`ok`, `error`: the old certificate stays in use).
+    pub tls_reloads: Family<TlsLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -114,6 +125,8 @@ impl Default for Metrics {
             admitted_share: Gauge::default(),
             admission_rate: Gauge::default(),
             admission_burst: Gauge::default(),
+            tls_handshakes: Family::default(),
+            tls_reloads: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
@@ -195,6 +208,8 @@ impl Default for Metrics {
         registry.register("routes", "Device routes in the applied state", m.routes.clone());
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
         registry.register_collector(Box::new(process::ProcessCollector));
+        registry.register("tls_handshakes", "TLS handshakes by listener and result", m.tls_handshakes.clone());
+        registry.register("tls_reloads", "Certificate reloads by listener and result", m.tls_reloads.clone());
         registry.register("ups", "Device up frames (intents) by answer: ack or the nack reason", m.ups.clone());
         registry.register("upstream_attempts", "Tries sent to the upstream by result", m.upstream_attempts.clone());
         registry.register("upstream_retries", "Upstream tries after the first", m.upstream_retries.clone());

@@ -68,8 +68,15 @@ pub(crate) fn error(status: StatusCode, reason: &'static str, message: impl std:
     Refusal::new(status, reason).message(message).response()
 }
 
-/// Serves the cluster listener until `shutdown` fires; connections are tracked on `conns`.
-pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutdown: CancellationToken) {
+/// Serves the cluster listener (over TLS with `tls`) until `shutdown` fires; connections are
+/// tracked on `conns`.
+pub async fn run(
+    listener: TcpListener,
+    tls: Option<crate::server::Tls>,
+    api: Arc<Api>,
+    conns: TaskTracker,
+    shutdown: CancellationToken,
+) {
     let handler = move |req| {
         let api = api.clone();
         async move { handle(&api, req).await }
@@ -81,7 +88,7 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         max_head_bytes: 8192 + 4096 * 100,
         quiet: quiet_path,
     };
-    crate::server::serve(what, listener, conns, shutdown, handler).await
+    crate::server::serve(what, listener, tls, conns, shutdown, handler).await
 }
 
 /// Paths called many times a second by members and monitors: their access lines are at debug level.

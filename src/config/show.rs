@@ -15,7 +15,7 @@ impl Config {
             Start::Standby => (None, true),
             Start::Join(addr) => (Some(addr.clone()), false),
         };
-        FileConfig {
+        let mut out = FileConfig {
             log_format: Some(self.log_format),
             name: self.name.clone(),
             listen: Some(self.listen),
@@ -28,6 +28,12 @@ impl Config {
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
             backend_secret_file: self.backend_secret_file.clone(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            cluster_tls_cert_file: None,
+            cluster_tls_key_file: None,
+            cluster_tls_ca_file: None,
+            cluster_tls_client_auth: None,
             lease_ms: Some(t.lease_ms),
             sweep_ms: Some(t.sweep_ms),
             election_timeout_ms: Some(t.election_timeout_ms),
@@ -62,7 +68,9 @@ impl Config {
             idempotency_ms: Some(d.idempotency_ms),
             idempotency_keys: Some(d.idempotency_keys),
             upstream: Some(self.upstream.effective()),
-        }
+        };
+        self.tls.fill(&mut out);
+        out
     }
 
     /// [`Config::effective`] as TOML text.
