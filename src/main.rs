@@ -151,9 +151,14 @@ async fn run(cli: Cli, cfg: Option<Config>) -> Result<(), Failure> {
     match cli.command {
         Command::Serve(_) => node::serve(cfg.expect("serve reads its configuration first")).await?,
         Command::CheckConfig(_) => check_config(cfg.as_ref().expect("check-config reads the configuration first"))?,
-        Command::Probe { url, timeout_ms } => {
+        Command::Probe { url, timeout_ms, ca_file, client_cert_file, client_key_file } => {
             use gateway::tools::probe::{probe, ProbeError};
-            match probe(&url, Duration::from_millis(timeout_ms)).await {
+            let identity = client_cert_file.as_deref().zip(client_key_file.as_deref());
+            let tls = ca_file
+                .map(|ca| gateway::tls::client_config(&ca, identity))
+                .transpose()
+                .map_err(|e| Failure::Config(e.to_string()))?;
+            match probe(&url, Duration::from_millis(timeout_ms), tls).await {
                 Ok(status) => println!("{url}: {status}"),
                 Err(e @ ProbeError::BadUrl(_)) => return Err(Failure::Usage(e.to_string())),
                 Err(e) => return Err(Failure::Runtime(e.to_string())),

@@ -3,6 +3,7 @@
 //! take a device; the CLI reads status over https with the CA and a client certificate. Refused:
 //! a client without a certificate or with one from another CA, a CLI or device that does not
 //! trust the cluster's CA, plain text on either listener — and none of that disturbs the node.
+//! `gateway probe` and `gateway bench` speak TLS with the same flags.
 
 mod common;
 
@@ -66,6 +67,14 @@ fn a_mutual_tls_cluster_forms_serves_wss_and_refuses_strangers() {
     assert!(failed.unwrap_or(0.0) >= failed_before.unwrap_or(0.0) + 3.0, "{failed_before:?} -> {failed:?}");
     let out = c.cli_auth(&["status", "--cluster", &c.nodes[0].cluster_addr_str()]);
     assert_eq!(out.code, Some(0), "host:port with --ca-file dials https: {out:#?}");
+    // The health check of the image: `gateway probe` with the node's CA and certificate.
+    let (node_cert, node_key) = (t.node.cert.display().to_string(), t.node.key.display().to_string());
+    let ready = format!("{https}/readyz");
+    let probe = ["probe", &ready, "--ca-file", &ca, "--client-cert-file", &node_cert, "--client-key-file", &node_key];
+    let out = c.cli(&probe);
+    assert_eq!(out.code, Some(0), "{out:#?}");
+    let out = c.cli(&probe[..4]);
+    assert_eq!(out.code, Some(1), "a probe without a client certificate is refused: {out:#?}");
 
     // A device that does not trust the CA, or has no TLS at all, gets no connection.
     let e = tls::dial(&url, &token, Some(&tls::client(&other.cert_file, None))).err().expect("untrusted CA");
@@ -87,4 +96,13 @@ fn a_mutual_tls_cluster_forms_serves_wss_and_refuses_strangers() {
     // None of it disturbed the node or the open device connection.
     tls::answers_ping(&mut ws).unwrap();
     assert_eq!(c.view(0).map(|v| v.members.len()), Ok(3));
+
+    // The load tool over wss (placement redirects carry wss:// URLs) with --ca-file.
+    let nodes = (0..3).map(|i| c.public_url(i)).collect::<Vec<_>>().join(",");
+    let (dsf, cluster) = (c.device_secret_file.display().to_string(), c.nodes[1].cluster_addr_str());
+    let args = ["bench", "steady", "--devices", "20", "--secs", "1", "--nodes", &nodes, "--cluster", &cluster];
+    let out = c.cli_auth(&[&args[..], &["--device-secret-file", &dsf, "--json"]].concat());
+    assert_eq!(out.code, Some(0), "{out:#?}");
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!((r["connected"].as_u64(), r["errors"].as_u64()), (Some(20), Some(0)), "{r}");
 }
