@@ -270,6 +270,7 @@ impl Node {
             t.clone().map(|config| crate::server::Tls { config, handshakes: handshakes.clone() })
         };
         let (public_tls, cluster_tls) = (on(&tls.0), on(&tls.1));
+        let cluster_scheme = if cluster_tls.is_some() { "https://" } else { "" };
         let reloading: Vec<_> = [tls.0, tls.1].into_iter().flatten().collect();
         if !reloading.is_empty() {
             let reloads = self.metrics.tls_reloads.clone();
@@ -314,10 +315,11 @@ impl Node {
         }
         let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();
+        let cluster_at = format!("{cluster_scheme}{}", m.cluster_addr);
         if cfg.log_format == LogFormat::Json {
             // A container runtime merges stdout into the log stream: keep every line JSON there.
             tracing::info!(
-                node = %m.name, id = cluster.me(), devices = %m.public_url, cluster = %m.cluster_addr,
+                node = %m.name, id = cluster.me(), devices = %m.public_url, cluster = %cluster_at,
                 data = %cfg.data_dir.display(), cluster_secret = %cluster_src, device_secret = %device_src,
                 backend_secrets = %backend_src, "listening"
             );
@@ -327,7 +329,7 @@ impl Node {
                 m.name,
                 cluster.me(),
                 m.public_url,
-                m.cluster_addr,
+                cluster_at,
                 cfg.data_dir.display(),
             );
         }
