@@ -10,7 +10,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::{tls, Cluster, SLACK};
+use common::{tls, wait_until, Cluster, SLACK};
 
 #[test]
 fn a_mutual_tls_cluster_forms_serves_wss_and_refuses_strangers() {
@@ -63,8 +63,13 @@ fn a_mutual_tls_cluster_forms_serves_wss_and_refuses_strangers() {
         assert!(out.stdout.trim().is_empty(), "{what}: no status printed: {out:#?}");
         println!("[tls_cluster] {what}: {}", out.stderr.trim());
     }
-    let failed = c.metric_labeled(0, "gateway_tls_handshakes_total", "listener=\"cluster\",result=\"failed\"");
-    assert!(failed.unwrap_or(0.0) >= failed_before.unwrap_or(0.0) + 3.0, "{failed_before:?} -> {failed:?}");
+    wait_until(SLACK, "the three refused handshakes counted", || {
+        let failed = c.metric_labeled(0, "gateway_tls_handshakes_total", "listener=\"cluster\",result=\"failed\"");
+        match failed.unwrap_or(0.0) >= failed_before.unwrap_or(0.0) + 3.0 {
+            true => Ok(()),
+            false => Err((failed_before, failed)),
+        }
+    });
     let out = c.cli_auth(&["status", "--cluster", &c.nodes[0].cluster_addr_str()]);
     assert_eq!(out.code, Some(0), "host:port with --ca-file dials https: {out:#?}");
     // The health check of the image: `gateway probe` with the node's CA and certificate.

@@ -271,11 +271,10 @@ impl Node {
         };
         let (public_tls, cluster_tls) = (on(&tls.0), on(&tls.1));
         let cluster_scheme = if cluster_tls.is_some() { "https://" } else { "" };
+        // Always: it also keeps SIGHUP from stopping a node without TLS.
         let reloading: Vec<_> = [tls.0, tls.1].into_iter().flatten().collect();
-        if !reloading.is_empty() {
-            let reloads = self.metrics.tls_reloads.clone();
-            spawn("tls-reload", Box::pin(crate::tls::reload::run(reloading, reloads, stop.clone())));
-        }
+        let reloads = self.metrics.tls_reloads.clone();
+        spawn("tls-reload", Box::pin(crate::tls::reload::run(reloading, reloads, stop.clone())));
         let cluster_api = api::run(cluster_listener, cluster_tls, api, conns.clone(), stop.clone());
         spawn("cluster-listener", Box::pin(cluster_api));
         spawn("public-listener", Box::pin(ws::run(public, public_tls, gate.clone(), conns.clone(), stop.clone())));

@@ -1,6 +1,8 @@
 //! Certificate reload: every listener's files are re-read on SIGHUP, and a listener's files when
 //! one of them changes (polled every [`POLL`]). Each attempt is logged and counted in
-//! `gateway_tls_reloads_total{listener, result}`; a failed one keeps the old certificate.
+//! `gateway_tls_reloads_total{listener, result}`; a failed one keeps the old certificate. The
+//! files are read on the blocking pool. Without TLS a SIGHUP is logged and ignored (it does not
+//! stop the node, so `systemctl reload` is harmless).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use crate::metrics::TlsLabel;
 /// How often the files are checked for a change.
 pub const POLL: Duration = Duration::from_secs(2);
 
-/// Watches `listeners` until `stop`.
+/// Watches `listeners` (possibly none) until `stop`.
 pub async fn run(listeners: Vec<Arc<ServerTls>>, reloads: Family<TlsLabel, Counter>, stop: CancellationToken) {
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(s) => Some(s),
@@ -33,13 +35,16 @@ pub async fn run(listeners: Vec<Arc<ServerTls>>, reloads: Family<TlsLabel, Count
             _ = hangup(&mut hup) => true,
             _ = tick.tick() => false,
         };
+        if forced && listeners.is_empty() {
+            tracing::info!("sighup: no TLS certificates to reload");
+        }
         for tls in &listeners {
-            if !(forced || tls.changed()) {
-                continue;
-            }
+            let t = tls.clone();
+            let attempt = tokio::task::spawn_blocking(move || (forced || t.changed()).then(|| t.reload())).await;
+            let Ok(Some(outcome)) = attempt else { continue };
             let why = if forced { "sighup" } else { "file_changed" };
             let (listener, cert) = (tls.listener, tls.cert_file().display());
-            let result = match tls.reload() {
+            let result = match outcome {
                 Ok(()) => {
                     tracing::info!(listener, cert = %cert, why, "tls certificate reloaded");
                     "ok"
