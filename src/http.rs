@@ -1,11 +1,16 @@
 //! One pooled HTTP/1 client for everything a node or the CLI sends to a cluster listener (Raft RPC,
-//! forwarded writes, admin calls). Connections use TCP_NODELAY; every call has a deadline.
+//! forwarded writes, admin calls). Connections use TCP_NODELAY; every call has a deadline. An
+//! address is `host:port` (dialled with the client's default scheme: https when it has a TLS
+//! configuration) or a URL base `http://host:port` / `https://host:port`.
+
+use std::sync::Arc;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -34,23 +39,58 @@ pub enum HttpError {
 /// A cluster-listener client carrying the cluster secret as a bearer token.
 #[derive(Clone)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     bearer: String,
+    /// Whether TLS is configured: `host:port` addresses are then dialled with https.
+    tls: bool,
 }
 
 impl HttpClient {
+    /// A plain-text client (`https://` addresses are refused).
     pub fn new(secret: &[u8]) -> HttpClient {
+        HttpClient::with_tls(secret, None)
+    }
+
+    /// A client that speaks https with `tls` (trusted CAs, the certificate it presents), and
+    /// dials `host:port` addresses with https; without it, plain text only.
+    pub fn with_tls(secret: &[u8], tls: Option<Arc<rustls::ClientConfig>>) -> HttpClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        connector.enforce_http(false);
+        let has_tls = tls.is_some();
+        // Without a configuration, an empty trust store: `call` refuses https before dialling.
+        let config = tls.map(|c| (*c).clone()).unwrap_or_else(|| {
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        });
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(8)
-            .build(connector);
-        HttpClient { client, bearer: format!("Bearer {}", String::from_utf8_lossy(secret)) }
+            .build(https);
+        HttpClient { client, bearer: format!("Bearer {}", String::from_utf8_lossy(secret)), tls: has_tls }
     }
 
-    /// Sends one request to `http://{addr}{path}` and reads the whole answer.
+    /// The URL of `path` at `addr` (`host:port` or `http[s]://host:port`).
+    pub fn url(&self, addr: &str, path: &str) -> String {
+        if addr.starts_with("http://") || addr.starts_with("https://") {
+            format!("{}{path}", addr.trim_end_matches('/'))
+        } else if self.tls {
+            format!("https://{addr}{path}")
+        } else {
+            format!("http://{addr}{path}")
+        }
+    }
+
+    /// Sends one request to `{addr}{path}` (see [`HttpClient::url`]) and reads the whole answer.
     pub async fn call(
         &self,
         method: Method,
@@ -60,19 +100,27 @@ impl HttpClient {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), HttpError> {
+        let url = self.url(addr, path);
+        if !self.tls && url.starts_with("https://") {
+            let reason = "https needs a CA to trust: --ca-file (GATEWAY_CA_FILE)".to_string();
+            return Err(HttpError::Connect { addr: addr.to_string(), reason });
+        }
         let req = Request::builder()
             .method(method)
-            .uri(format!("http://{addr}{path}"))
+            .uri(url)
             .header(hyper::header::AUTHORIZATION, &self.bearer)
             .header(hyper::header::CONTENT_TYPE, content_type)
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })?;
         let fut = async {
             let resp = self.client.request(req).await.map_err(|e| {
+                // hyper's Display says only "client error (Connect)": the cause (refused, a
+                // TLS alert, an untrusted certificate) is what an operator needs.
+                let reason = error_chain(&e);
                 if e.is_connect() {
-                    HttpError::Connect { addr: addr.to_string(), reason: e.to_string() }
+                    HttpError::Connect { addr: addr.to_string(), reason }
                 } else {
-                    HttpError::Transport { addr: addr.to_string(), reason: e.to_string() }
+                    HttpError::Transport { addr: addr.to_string(), reason }
                 }
             })?;
             let status = resp.status();
@@ -113,5 +161,34 @@ impl HttpClient {
 
     pub async fn get(&self, addr: &str, path: &str, timeout: Duration) -> Result<(StatusCode, Bytes), HttpError> {
         self.call(Method::GET, addr, path, "application/json", Vec::new(), timeout).await
+    }
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn addresses_take_the_default_scheme_and_https_needs_a_ca() {
+        let plain = HttpClient::new(b"s");
+        assert_eq!(plain.url("h:1", "/x"), "http://h:1/x");
+        assert_eq!(plain.url("https://h:1/", "/x"), "https://h:1/x");
+        let e = plain.get("https://127.0.0.1:1", "/", Duration::from_secs(1)).await.unwrap_err();
+        assert!(matches!(e, HttpError::Connect { .. }) && e.to_string().contains("--ca-file"), "{e}");
     }
 }

@@ -24,8 +24,12 @@
 //!   and `Retry-After`, shared by [`ws`] and [`api`].
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
 //!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing).
-//! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline), request
-//!   ids (`x-request-id`, a span per request) and the access line.
+//! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline, the TLS
+//!   handshake under that deadline), request ids (`x-request-id`, a span per request) and the
+//!   access line.
+//! - [`tls`] rustls (ring) configurations from PEM files: each listener's, reloaded on SIGHUP or
+//!   a changed file without touching open connections; the node's peer client (cluster CA,
+//!   its own certificate for mutual TLS) and the CLI's.
 //! - [`upstream`] device → backend delivery of `up` frames: in-flight bounds, one deadline per
 //!   up, safe retries within a retry budget, a circuit breaker per endpoint (pure `breaker` and
 //!   `budget`); the session only hands ups over and writes the answers.
@@ -51,6 +55,7 @@
 //!   `raft`, proposer, raw `Command` or crate-wide `Reply`; nor do `node::{duties, lifecycle}`.
 //! - `upstream` imports only `config`, `metrics` and `protocol`: the session hands it ups and
 //!   writes its answers; it never sees the cluster, and never logs a payload.
+//! - `tls` imports only `config` and `metrics`; `server` only `tls` and `metrics`.
 //! - `client` imports only `protocol`; `tools` import no server module (`node`, `ws`, `api`,
 //!   `cluster`, `raft`, `store`).
 //! - No source file over 600 lines.
@@ -76,6 +81,7 @@ pub mod ring;
 pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod token;
 pub mod tools;
 pub mod upstream;

@@ -98,6 +98,7 @@ fn check_config(cfg: &Config) -> Result<(), Failure> {
         "backend_secret_file (or GATEWAY_BACKEND_SECRET)",
         secrets::inspect_backend(cfg.backend_secret_file.as_deref(), dir),
     )?;
+    gateway::tls::check(&cfg.tls).map_err(|e| Failure::Config(format!("invalid configuration: {e}")))?;
     println!("# gateway check-config: the configuration `gateway serve` would run with (valid).");
     println!("# Secrets are read from (values never shown):");
     println!("#   cluster secret:  {cluster}");
@@ -142,16 +143,22 @@ impl From<AdminError> for Failure {
 
 fn admin(secret: &SecretArgs) -> Result<Admin, Failure> {
     let s = secrets::cli_cluster_secret(secret.cluster_secret_file.as_deref(), &secret.data_dir)?;
-    Ok(Admin::new(HttpClient::new(&s)))
+    let tls = secret.tls().map_err(|e| Failure::Config(e.to_string()))?;
+    Ok(Admin::new(HttpClient::with_tls(&s, tls)))
 }
 
 async fn run(cli: Cli, cfg: Option<Config>) -> Result<(), Failure> {
     match cli.command {
         Command::Serve(_) => node::serve(cfg.expect("serve reads its configuration first")).await?,
         Command::CheckConfig(_) => check_config(cfg.as_ref().expect("check-config reads the configuration first"))?,
-        Command::Probe { url, timeout_ms } => {
+        Command::Probe { url, timeout_ms, ca_file, client_cert_file, client_key_file } => {
             use gateway::tools::probe::{probe, ProbeError};
-            match probe(&url, Duration::from_millis(timeout_ms)).await {
+            let identity = client_cert_file.as_deref().zip(client_key_file.as_deref());
+            let tls = ca_file
+                .map(|ca| gateway::tls::client_config(&ca, identity))
+                .transpose()
+                .map_err(|e| Failure::Config(e.to_string()))?;
+            match probe(&url, Duration::from_millis(timeout_ms), tls).await {
                 Ok(status) => println!("{url}: {status}"),
                 Err(e @ ProbeError::BadUrl(_)) => return Err(Failure::Usage(e.to_string())),
                 Err(e) => return Err(Failure::Runtime(e.to_string())),

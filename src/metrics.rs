@@ -18,6 +18,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A TLS event on one listener (`public`, `cluster`): a handshake's or a certificate reload's result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsLabel {
+    pub listener: &'static str,
+    pub result: &'static str,
+}
+
 /// An upstream endpoint, by `host:port`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UpstreamLabel {
@@ -105,6 +112,10 @@ pub struct Metrics {
     pub new_connections_per_s: Gauge<f64, AtomicU64>,
     /// The scaling hint: 1 scale out, 0 steady, -1 scale in.
     pub scaling_hint: Gauge,
+    /// TLS handshakes on the listeners by result (`ok`, `failed`, `timeout`).
+    pub tls_handshakes: Family<TlsLabel, Counter>,
+    /// Certificate reloads by result (`ok`, `error`: the old certificate stays in use).
+    pub tls_reloads: Family<TlsLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -126,6 +137,8 @@ impl Default for Metrics {
             admitted_share: Gauge::default(),
             admission_rate: Gauge::default(),
             admission_burst: Gauge::default(),
+            tls_handshakes: Family::default(),
+            tls_reloads: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
             connections: Gauge::default(),
@@ -214,6 +227,8 @@ impl Default for Metrics {
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
         registry.register_collector(Box::new(process::ProcessCollector));
         registry.register_collector(Box::new(m.tenants.clone()));
+        registry.register("tls_handshakes", "TLS handshakes by listener and result", m.tls_handshakes.clone());
+        registry.register("tls_reloads", "Certificate reloads by listener and result", m.tls_reloads.clone());
         registry.register("ups", "Device up frames (intents) by answer: ack or the nack reason", m.ups.clone());
         registry.register("upstream_attempts", "Tries sent to the upstream by result", m.upstream_attempts.clone());
         registry.register("upstream_retries", "Upstream tries after the first", m.upstream_retries.clone());

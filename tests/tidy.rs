@@ -18,8 +18,12 @@ const SERVER: &[&str] = &["node", "ws", "api", "cluster", "raft", "store"];
 fn allowed(module: &str) -> Option<&'static [&'static str]> {
     Some(match module {
         // Pure leaves and the domain core.
-        "machine" | "ring" | "codec" | "config" | "protocol" | "clock" | "secrets" | "token" | "http" | "metrics"
-        | "server" => &[],
+        "machine" | "ring" | "codec" | "config" | "protocol" | "clock" | "secrets" | "token" | "http" | "metrics" => {
+            &[]
+        }
+        // TLS files and configurations; the accept loop serves them.
+        "tls" => &["config", "metrics"],
+        "server" => &["tls", "metrics"],
         "view" => &["machine", "ring"],
         "wire" => &["config", "machine"],
         "answer" => &["cluster", "machine"],
@@ -39,7 +43,7 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
             "protocol", "secrets",
         ],
         "client" => &["protocol"],
-        "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools"],
+        "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools", "tls"],
         "cli" => &["config", "tools"],
         // The node's duties and lifecycle decide through the port too.
         "node/duties" | "node/lifecycle" => {

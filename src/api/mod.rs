@@ -90,8 +90,15 @@ fn json_error_text(e: &serde_json::Error) -> String {
     format!("the body {what} (line {}, column {})", e.line(), e.column())
 }
 
-/// Serves the cluster listener until `shutdown` fires; connections are tracked on `conns`.
-pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutdown: CancellationToken) {
+/// Serves the cluster listener (over TLS with `tls`) until `shutdown` fires; connections are
+/// tracked on `conns`.
+pub async fn run(
+    listener: TcpListener,
+    tls: Option<crate::server::Tls>,
+    api: Arc<Api>,
+    conns: TaskTracker,
+    shutdown: CancellationToken,
+) {
     let handler = move |req| {
         let api = api.clone();
         async move { handle(&api, req).await }
@@ -105,7 +112,7 @@ pub async fn run(listener: TcpListener, api: Arc<Api>, conns: TaskTracker, shutd
         // Claims, route lookups and publishes: the data plane.
         quiet_when_ok: |path| path.starts_with("/v1/devices/"),
     };
-    crate::server::serve(what, listener, conns, shutdown, handler).await
+    crate::server::serve(what, listener, tls, conns, shutdown, handler).await
 }
 
 /// Paths called many times a second by members and monitors: their access lines are at debug level.

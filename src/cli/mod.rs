@@ -30,11 +30,21 @@ pub enum Command {
     /// GET an http:// URL (e.g. http://127.0.0.1:7070/readyz) and exit 0 on a 2xx answer, 1
     /// otherwise: a health check for images without a shell or an HTTP client.
     Probe {
-        /// The URL to fetch: http only, host:port and path.
+        /// The URL to fetch: http://host:port/path, or https:// with --ca-file.
         url: String,
         /// Give up (exit 1) after this long: connect, send and the whole answer.
         #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
         timeout_ms: u64,
+        /// CA certificates (PEM) to trust for an https:// URL [env: the node's own
+        /// GATEWAY_CLUSTER_TLS_CA_FILE, so a container health check needs no extra setting].
+        #[arg(long, env = "GATEWAY_CLUSTER_TLS_CA_FILE")]
+        ca_file: Option<PathBuf>,
+        /// Client certificate (PEM) for a listener with mutual TLS [env: GATEWAY_CLUSTER_TLS_CERT_FILE].
+        #[arg(long, env = "GATEWAY_CLUSTER_TLS_CERT_FILE", requires_all = ["client_key_file", "ca_file"])]
+        client_cert_file: Option<PathBuf>,
+        /// Private key (PEM) of --client-cert-file [env: GATEWAY_CLUSTER_TLS_KEY_FILE].
+        #[arg(long, env = "GATEWAY_CLUSTER_TLS_KEY_FILE", requires = "client_cert_file")]
+        client_key_file: Option<PathBuf>,
     },
     /// Add the running node at --node (its cluster address) to the cluster at --cluster.
     Join {

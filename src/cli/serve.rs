@@ -33,7 +33,7 @@ pub struct ServeArgs {
     /// Data dir (Raft log, state, identity, generated secrets) [default: ./gateway-data].
     #[arg(long, env = "GATEWAY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// URL devices use to reach this node [default: ws://<listen>].
+    /// URL devices use to reach this node [default: ws://<listen>, wss:// with --tls-cert-file].
     #[arg(long, env = "GATEWAY_PUBLIC_URL")]
     pub public_url: Option<String>,
     /// On a fresh data dir: ask the member at this cluster address to add this node.
@@ -53,6 +53,27 @@ pub struct ServeArgs {
     /// generated]. Env GATEWAY_BACKEND_SECRET holds the secrets themselves, comma-separated.
     #[arg(long, env = "GATEWAY_BACKEND_SECRET_FILE")]
     pub backend_secret_file: Option<PathBuf>,
+    /// Certificate chain (PEM) of the device listener: devices then dial wss:// (public URL
+    /// default wss://<listen>). Reloaded on SIGHUP and when the file changes.
+    #[arg(long, env = "GATEWAY_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert-file.
+    #[arg(long, env = "GATEWAY_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Certificate chain (PEM) of the cluster listener: members and the CLI dial https://; every
+    /// member of a cluster must have cluster TLS. Needs --cluster-tls-key-file and --cluster-tls-ca-file.
+    #[arg(long, env = "GATEWAY_CLUSTER_TLS_CERT_FILE")]
+    pub cluster_tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --cluster-tls-cert-file.
+    #[arg(long, env = "GATEWAY_CLUSTER_TLS_KEY_FILE")]
+    pub cluster_tls_key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that members' certificates chain to.
+    #[arg(long, env = "GATEWAY_CLUSTER_TLS_CA_FILE")]
+    pub cluster_tls_ca_file: Option<PathBuf>,
+    /// Mutual TLS: the cluster listener refuses clients without a certificate from
+    /// --cluster-tls-ca-file, and this node presents its cluster certificate to its peers.
+    #[arg(long, env = "GATEWAY_CLUSTER_TLS_CLIENT_AUTH")]
+    pub cluster_tls_client_auth: bool,
     /// Lease length; nodes renew every lease/3 [default: 10000].
     #[arg(long, env = "GATEWAY_LEASE_MS")]
     pub lease_ms: Option<u64>,
@@ -203,6 +224,12 @@ impl ServeArgs {
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
             backend_secret_file: self.backend_secret_file.clone(),
+            tls_cert_file: self.tls_cert_file.clone(),
+            tls_key_file: self.tls_key_file.clone(),
+            cluster_tls_cert_file: self.cluster_tls_cert_file.clone(),
+            cluster_tls_key_file: self.cluster_tls_key_file.clone(),
+            cluster_tls_ca_file: self.cluster_tls_ca_file.clone(),
+            cluster_tls_client_auth: self.cluster_tls_client_auth.then_some(true),
             lease_ms: self.lease_ms,
             sweep_ms: self.sweep_ms,
             election_timeout_ms: self.election_timeout_ms,

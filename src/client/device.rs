@@ -14,6 +14,7 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fastwebsockets::{FragmentCollectorRead, Frame, OpCode, Payload};
@@ -31,7 +32,7 @@ use crate::protocol::{close, ClientFrame, ServerFrame, MAX_ATTEMPT};
 /// How one device connects and backs off.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
-    /// `ws://host:port` of any node (`/ws` is appended). More than one: the next is tried when one
+    /// `ws://host:port` (or `wss://`) of any node (`/ws` is appended). More than one: the next is tried when one
     /// answers 503 or cannot be reached.
     pub urls: Vec<String>,
     pub device: String,
@@ -50,6 +51,8 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// Local source address (e.g. spread over 127.0.0.0/8 by a load tool).
     pub bind: Option<IpAddr>,
+    /// TLS for `wss://` URLs (the CAs to trust); a `wss://` dial without it fails.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl DeviceConfig {
@@ -68,6 +71,7 @@ impl DeviceConfig {
             handshake_timeout: Duration::from_secs(10),
             seed,
             bind: None,
+            tls: None,
         }
     }
 }
@@ -224,7 +228,7 @@ impl Device {
     }
 
     /// Connects, stays connected, reconnects, until a [`StopReason`] (also sent as the last event).
-    /// Panics if `cfg.urls` is empty or names a URL that is not `ws://`.
+    /// Panics if `cfg.urls` is empty or names a URL that is not `ws://` or `wss://`.
     pub async fn run(mut self, mut events: impl FnMut(Event) + Send, shutdown: CancellationToken) -> StopReason {
         let seeds: Vec<Target> =
             self.cfg.urls.iter().map(|u| Target::parse(u).unwrap_or_else(|e| panic!("device URL: {e}"))).collect();
@@ -240,7 +244,7 @@ impl Device {
             let (cfg, token) = (&self.cfg, self.cfg.token.as_str());
             let answer = tokio::select! {
                 _ = shutdown.cancelled() => break StopReason::Shutdown,
-                a = dial(&target, attempt, token, cfg.bind, cfg.handshake_timeout) => a,
+                a = dial(&target, attempt, token, cfg.bind, cfg.tls.as_ref(), cfg.handshake_timeout) => a,
             };
             let outcome = match answer {
                 Ok(Answer::Open(ws, hello)) => {

@@ -1,8 +1,10 @@
 //! One device handshake (design §4), done by hand over hyper's http1 client so that a refusal's
 //! status, `Retry-After`, `Location` and JSON body can be read (a WebSocket library would only say
 //! "not 101"). The whole dial, up to and including the first frame (`hello`), has one deadline.
+//! `wss://` dials TLS (rustls) first, with the trust the caller configured.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,7 +13,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::header;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{timeout_at, Instant};
 
@@ -22,9 +26,11 @@ use crate::protocol::ServerFrame;
 /// `hello` is read whole (the server never fragments it).
 pub type Ws = WebSocket<TokioIo<Upgraded>>;
 
-/// A `/ws` endpoint: `ws://authority/path?params` (`http://` is accepted too; no TLS).
+/// A `/ws` endpoint: `ws://authority/path?params` or `wss://` (`http://`, `https://` too).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
+    /// `wss://`: TLS first.
+    pub tls: bool,
     pub authority: String,
     pub path: String,
     /// Query parameters other than `attempt`, which every dial sets anew.
@@ -32,13 +38,16 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses `ws://host:port[/path][?query]`. A path that does not end in `/ws` gets `/ws`
+    /// Parses `ws[s]://host:port[/path][?query]`. A path that does not end in `/ws` gets `/ws`
     /// appended, so the URL of a node (`ws://host:port`) and of its endpoint both work.
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = url
-            .strip_prefix("ws://")
-            .or_else(|| url.strip_prefix("http://"))
-            .ok_or_else(|| format!("{url:?}: only ws:// (or http://) URLs are supported"))?;
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("ws://").or_else(|| url.strip_prefix("http://")) {
+            (false, rest)
+        } else if let Some(rest) = url.strip_prefix("wss://").or_else(|| url.strip_prefix("https://")) {
+            (true, rest)
+        } else {
+            return Err(format!("{url:?}: only ws:// and wss:// (or http://, https://) URLs are supported"));
+        };
         let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (authority, path) = match before_query.find('/') {
             Some(k) => before_query.split_at(k),
@@ -56,7 +65,7 @@ impl Target {
             .filter(|(k, _)| *k != "attempt")
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Ok(Target { authority: authority.to_string(), path, params })
+        Ok(Target { tls, authority: authority.to_string(), path, params })
     }
 
     /// This target with `key=value` set (replacing an earlier value).
@@ -81,10 +90,20 @@ impl Target {
     }
 
     pub fn url(&self, attempt: u64) -> String {
-        format!("ws://{}{}", self.authority, self.path_and_query(attempt))
+        let scheme = if self.tls { "wss" } else { "ws" };
+        format!("{scheme}://{}{}", self.authority, self.path_and_query(attempt))
     }
 
-    /// `host:port` for the resolver (port 80 when the URL names none).
+    /// The host as TLS names it (no port, no IPv6 brackets).
+    fn host(&self) -> &str {
+        let a = self.authority.as_str();
+        if let Some(rest) = a.strip_prefix('[') {
+            return rest.split(']').next().unwrap_or(rest);
+        }
+        a.rsplit_once(':').map_or(a, |(h, _)| h)
+    }
+
+    /// `host:port` for the resolver (port 80, or 443 for wss, when the URL names none).
     fn host_port(&self) -> String {
         let has_port = match self.authority.rfind(']') {
             Some(k) => self.authority[k..].contains(':'),
@@ -93,7 +112,7 @@ impl Target {
         if has_port {
             self.authority.clone()
         } else {
-            format!("{}:80", self.authority)
+            format!("{}:{}", self.authority, if self.tls { 443 } else { 80 })
         }
     }
 }
@@ -159,16 +178,40 @@ async fn connect(target: &Target, bind: Option<IpAddr>) -> std::io::Result<TcpSt
 }
 
 /// Dials `target` with `?attempt=N` and `Authorization: Bearer <token>`; everything, including
-/// reading a refusal body or the `hello` frame, finishes within `timeout`.
+/// reading a refusal body or the `hello` frame, finishes within `timeout`. A `wss://` target
+/// needs `tls` (the CAs to trust): without it the dial fails at stage `tls`.
 pub async fn dial(
     target: &Target,
     attempt: u64,
     token: &str,
     bind: Option<IpAddr>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
     timeout: Duration,
 ) -> Result<Answer, DialError> {
     let deadline = Instant::now() + timeout;
     let stream = step(deadline, "connect", connect(target, bind)).await?;
+    if !target.tls {
+        return exchange(stream, target, attempt, token, deadline).await;
+    }
+    let bad = |error: String| DialError { stage: "tls", error };
+    let config = tls.ok_or_else(|| bad("a wss:// URL needs a CA file to trust".into()))?;
+    let name = ServerName::try_from(target.host().to_string()).map_err(|e| bad(e.to_string()))?;
+    let connector = tokio_rustls::TlsConnector::from(config.clone());
+    let stream = step(deadline, "tls", connector.connect(name, stream)).await?;
+    exchange(stream, target, attempt, token, deadline).await
+}
+
+/// The HTTP/1 upgrade and the `hello`, over a plain or a TLS stream.
+async fn exchange<S>(
+    stream: S,
+    target: &Target,
+    attempt: u64,
+    token: &str,
+    deadline: Instant,
+) -> Result<Answer, DialError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, conn) =
         step(deadline, "http1 handshake", hyper::client::conn::http1::handshake(TokioIo::new(stream))).await?;
     // Ends by itself once the request is answered and `sender` is dropped, or after the upgrade.
@@ -230,8 +273,12 @@ mod tests {
         assert_eq!(loc.url(8), "ws://127.0.0.1:9001/ws?attempt=8&fallback=n3&steer");
         let t = loc.with_param("fallback", "n2");
         assert_eq!(t.path_and_query(9), "/ws?attempt=9&steer&fallback=n2");
-        assert!(Target::parse("wss://h:1").is_err());
+        assert!(Target::parse("ftp://h:1").is_err());
         assert!(Target::parse("ws:///ws").is_err());
+        let t = Target::parse("wss://h:1/ws?x=1").unwrap();
+        assert!(t.tls && !Target::parse("ws://h:1").unwrap().tls);
+        assert_eq!((t.url(2).as_str(), t.host()), ("wss://h:1/ws?attempt=2&x=1", "h"));
+        assert_eq!(Target::parse("wss://[::1]:5").unwrap().host(), "::1");
     }
 
     #[test]
@@ -241,13 +288,14 @@ mod tests {
         assert_eq!(hp("ws://example.org:81"), "example.org:81");
         assert_eq!(hp("ws://[::1]"), "[::1]:80");
         assert_eq!(hp("ws://[::1]:82"), "[::1]:82");
+        assert_eq!(hp("wss://example.org"), "example.org:443");
     }
 
     #[tokio::test]
     async fn a_closed_port_is_a_connect_error_within_the_deadline() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let t = Target::parse(&format!("ws://127.0.0.1:{port}")).unwrap();
-        let e = dial(&t, 1, "x", None, Duration::from_secs(5)).await.err().expect("nothing listens there");
+        let e = dial(&t, 1, "x", None, None, Duration::from_secs(5)).await.err().expect("nothing listens there");
         assert_eq!(e.stage, "connect", "{e}");
     }
 }

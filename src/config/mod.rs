@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 mod show;
+pub mod tls;
 pub mod upstream;
 mod validate;
 
@@ -53,6 +54,12 @@ pub struct FileConfig {
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
     pub backend_secret_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub cluster_tls_cert_file: Option<PathBuf>,
+    pub cluster_tls_key_file: Option<PathBuf>,
+    pub cluster_tls_ca_file: Option<PathBuf>,
+    pub cluster_tls_client_auth: Option<bool>,
     pub lease_ms: Option<u64>,
     pub sweep_ms: Option<u64>,
     pub election_timeout_ms: Option<u64>,
@@ -298,6 +305,8 @@ pub struct Config {
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
     pub backend_secret_file: Option<PathBuf>,
+    /// TLS on the device and cluster listeners (plain text when unset).
+    pub tls: tls::TlsConfig,
     pub timing: Timing,
     pub device: DeviceConfig,
     pub scaling: ScalingConfig,
@@ -409,6 +418,7 @@ impl Config {
                 .unwrap_or(ds.scale_out_accept_share),
             scale_out_cpu: flags.scale_out_cpu.or(file.scale_out_cpu).unwrap_or(ds.scale_out_cpu),
         };
+        let tls = tls::TlsConfig::merge(&flags, &file)?;
         let join = flags.join.or(file.join);
         let standby = flags.standby.or(file.standby).unwrap_or(false);
         let start = match (join, standby) {
@@ -436,6 +446,7 @@ impl Config {
             cluster_secret_file: flags.cluster_secret_file.or(file.cluster_secret_file),
             device_secret_file: flags.device_secret_file.or(file.device_secret_file),
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),
+            tls,
             timing,
             device,
             scaling,
@@ -464,9 +475,10 @@ impl Config {
         self.cluster_advertise.clone().unwrap_or_else(|| self.cluster_listen.to_string())
     }
 
-    /// The URL devices use, defaulting to the public listener.
+    /// The URL devices use, defaulting to the public listener (`wss://` with TLS).
     pub fn public_url(&self) -> String {
-        self.public_url.clone().unwrap_or_else(|| format!("ws://{}", self.listen))
+        let scheme = if self.tls.device.is_some() { "wss" } else { "ws" };
+        self.public_url.clone().unwrap_or_else(|| format!("{scheme}://{}", self.listen))
     }
 }
 

@@ -15,7 +15,7 @@ impl Config {
             Start::Standby => (None, true),
             Start::Join(addr) => (Some(addr.clone()), false),
         };
-        FileConfig {
+        let mut out = FileConfig {
             log_format: Some(self.log_format),
             name: self.name.clone(),
             listen: Some(self.listen),
@@ -28,6 +28,12 @@ impl Config {
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
             backend_secret_file: self.backend_secret_file.clone(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            cluster_tls_cert_file: None,
+            cluster_tls_key_file: None,
+            cluster_tls_ca_file: None,
+            cluster_tls_client_auth: None,
             lease_ms: Some(t.lease_ms),
             sweep_ms: Some(t.sweep_ms),
             election_timeout_ms: Some(t.election_timeout_ms),
@@ -68,7 +74,9 @@ impl Config {
             scale_out_accept_share: Some(self.scaling.scale_out_accept_share),
             scale_out_cpu: Some(self.scaling.scale_out_cpu),
             upstream: Some(self.upstream.effective()),
-        }
+        };
+        self.tls.fill(&mut out);
+        out
     }
 
     /// [`Config::effective`] as TOML text.

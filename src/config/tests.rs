@@ -136,3 +136,28 @@ fn the_store_cache_is_bounded_and_in_bytes() {
         assert!(err.contains("store_cache_mib"), "{err}");
     }
 }
+
+#[test]
+fn tls_keys_come_in_complete_sets_and_switch_the_public_url_to_wss() {
+    let parse = |text: &str| Config::merge(FileConfig::default(), toml::from_str(text).unwrap());
+    let cfg = parse("tls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"").unwrap();
+    assert_eq!(cfg.public_url(), "wss://127.0.0.1:8080");
+    assert!(cfg.tls.cluster.is_none());
+    let both = "cluster_tls_cert_file = \"n.pem\"\ncluster_tls_key_file = \"nk.pem\"\ncluster_tls_ca_file = \"ca.pem\"";
+    let cfg = parse(&format!("{both}\ncluster_tls_client_auth = true")).unwrap();
+    assert_eq!(cfg.public_url(), "ws://127.0.0.1:8080");
+    let cluster = cfg.tls.cluster.clone().unwrap();
+    assert!(cluster.client_auth && cluster.ca.to_str() == Some("ca.pem"));
+    let again = Config::merge(FileConfig::default(), toml::from_str(&cfg.effective_toml()).unwrap()).unwrap();
+    assert_eq!(again.tls, cfg.tls);
+    for (bad, says) in [
+        ("tls_cert_file = \"c.pem\"", "tls_key_file"),
+        ("tls_key_file = \"k.pem\"", "tls_cert_file"),
+        ("cluster_tls_cert_file = \"n.pem\"\ncluster_tls_key_file = \"nk.pem\"", "cluster_tls_ca_file"),
+        ("cluster_tls_key_file = \"nk.pem\"\ncluster_tls_ca_file = \"ca.pem\"", "cluster_tls_cert_file"),
+        ("cluster_tls_client_auth = true", "cluster_tls_client_auth"),
+    ] {
+        let e = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} must be refused")).to_string();
+        assert!(e.contains(says), "{bad:?}: {e}");
+    }
+}

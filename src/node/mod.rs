@@ -32,6 +32,7 @@ use crate::raft::types::Raft;
 use crate::secrets;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
+use crate::tls::{ServerFiles, ServerTls};
 use crate::token::Verifier;
 use crate::upstream::Upstream;
 use crate::ws::admission::{Admission, Keyed};
@@ -85,6 +86,8 @@ pub struct Node {
     renewed: (watch::Sender<std::time::Instant>, watch::Receiver<std::time::Instant>),
     public: TcpListener,
     cluster_listener: TcpListener,
+    /// TLS of the public and the cluster listener, when configured.
+    tls: (Option<Arc<ServerTls>>, Option<Arc<ServerTls>>),
     http: HttpClient,
     metrics: Arc<Metrics>,
     /// Where the secrets came from, for the start-up line.
@@ -99,6 +102,23 @@ pub struct Node {
 /// binds both listeners and wires the handle, the device gate and the API. Listeners, duties and
 /// sessions start in [`Node::run`].
 pub async fn build(cfg: Config) -> Result<Node, NodeError> {
+    // TLS files first: a refused one leaves no data dir behind.
+    let tls_error = |e: crate::tls::TlsError| NodeError::Config(format!("invalid configuration: {e}"));
+    let device_tls = cfg
+        .tls
+        .device
+        .as_ref()
+        .map(|f| ServerTls::load("public", ServerFiles::device(f)))
+        .transpose()
+        .map_err(tls_error)?;
+    let cluster_tls = cfg
+        .tls
+        .cluster
+        .as_ref()
+        .map(|c| ServerTls::load("cluster", ServerFiles::cluster(c)))
+        .transpose()
+        .map_err(tls_error)?;
+    let peer_client = cluster_tls.as_ref().map(|t| t.peer_client()).transpose().map_err(tls_error)?;
     identity::create_data_dir(&cfg.data_dir)?;
     let (ident, fresh) = identity::load_or_create(&cfg.data_dir, cfg.name.as_deref())?;
     let dir = &cfg.data_dir;
@@ -133,7 +153,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     }
     .validate()
     .map_err(|e| NodeError::Config(e.to_string()))?;
-    let http = HttpClient::new(&cluster_secret);
+    let http = HttpClient::with_tls(&cluster_secret, peer_client);
     let log = LogStore::new(log_db, committed.clone(), metrics.clone());
     let raft = Raft::new(ident.id, Arc::new(raft_config), Network::new(http.clone()), log, sm)
         .await
@@ -223,6 +243,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         renewed: watch::channel(std::time::Instant::now()),
         public,
         cluster_listener,
+        tls: (device_tls, cluster_tls),
         http,
         metrics,
         secret_sources: [cluster_src, device_src, backend_src],
@@ -237,7 +258,7 @@ impl Node {
     /// Starts every task, joins or bootstraps as configured, and runs until a stop; then drains
     /// (or says goodbye when removed), stops Raft and waits for the tasks.
     pub async fn run(self) {
-        let Node { cfg, fresh, cluster, gate, api, events, mode, renewed, public, cluster_listener, .. } = self;
+        let Node { cfg, fresh, cluster, gate, api, events, mode, renewed, public, cluster_listener, tls, .. } = self;
         let (tasks, stop, t) = (self.tasks, self.stop, &cfg.timing);
         let spawn = |name: &'static str, task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
             tasks.spawn(task.instrument(tracing::info_span!("task", name)));
@@ -253,8 +274,19 @@ impl Node {
             stop.clone(),
         );
         spawn("scaling", Box::pin(scaling));
-        spawn("cluster-listener", Box::pin(api::run(cluster_listener, api, conns.clone(), stop.clone())));
-        spawn("public-listener", Box::pin(ws::run(public, gate.clone(), conns.clone(), stop.clone())));
+        let handshakes = self.metrics.tls_handshakes.clone();
+        let on = |t: &Option<Arc<ServerTls>>| {
+            t.clone().map(|config| crate::server::Tls { config, handshakes: handshakes.clone() })
+        };
+        let (public_tls, cluster_tls) = (on(&tls.0), on(&tls.1));
+        let cluster_scheme = if cluster_tls.is_some() { "https://" } else { "" };
+        // Always: it also keeps SIGHUP from stopping a node without TLS.
+        let reloading: Vec<_> = [tls.0, tls.1].into_iter().flatten().collect();
+        let reloads = self.metrics.tls_reloads.clone();
+        spawn("tls-reload", Box::pin(crate::tls::reload::run(reloading, reloads, stop.clone())));
+        let cluster_api = api::run(cluster_listener, cluster_tls, api, conns.clone(), stop.clone());
+        spawn("cluster-listener", Box::pin(cluster_api));
+        spawn("public-listener", Box::pin(ws::run(public, public_tls, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
         let renewer = duties::Renewer {
             cluster: cluster.clone(),
@@ -292,10 +324,11 @@ impl Node {
         }
         let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();
+        let cluster_at = format!("{cluster_scheme}{}", m.cluster_addr);
         if cfg.log_format == LogFormat::Json {
             // A container runtime merges stdout into the log stream: keep every line JSON there.
             tracing::info!(
-                node = %m.name, id = cluster.me(), devices = %m.public_url, cluster = %m.cluster_addr,
+                node = %m.name, id = cluster.me(), devices = %m.public_url, cluster = %cluster_at,
                 data = %cfg.data_dir.display(), cluster_secret = %cluster_src, device_secret = %device_src,
                 backend_secrets = %backend_src, "listening"
             );
@@ -305,7 +338,7 @@ impl Node {
                 m.name,
                 cluster.me(),
                 m.public_url,
-                m.cluster_addr,
+                cluster_at,
                 cfg.data_dir.display(),
             );
         }

@@ -4,6 +4,8 @@
 //! with one access line: method, path (never the query: a device may carry its token there),
 //! status and time. The line is at debug level for the paths `quiet` names (and for successes on
 //! those `quiet_when_ok` names), info otherwise.
+//! With [`Tls`] a connection first completes a TLS handshake within the header-read deadline (a
+//! client that never sends its hello is dropped); failures are counted, never fatal.
 
 pub mod request_id;
 
@@ -11,6 +13,7 @@ pub use request_id::RequestId;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,10 +23,15 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
+
+use crate::metrics::TlsLabel;
+use crate::tls::ServerTls;
 
 /// The address a request came from (in the request's extensions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,11 +55,20 @@ pub struct Listener {
     pub quiet_when_ok: fn(&str) -> bool,
 }
 
-/// Serves `listener` with `handler` until `shutdown` fires. Every connection task is tracked on
-/// `conns` (upgraded WebSocket sessions track themselves).
+/// TLS on a listener: its (reloadable) configuration and the handshake counter.
+#[derive(Clone)]
+pub struct Tls {
+    pub config: Arc<ServerTls>,
+    /// `gateway_tls_handshakes_total{listener, result}`.
+    pub handshakes: Family<TlsLabel, Counter>,
+}
+
+/// Serves `listener` with `handler` until `shutdown` fires, over TLS when `tls` is set. Every
+/// connection task is tracked on `conns` (upgraded WebSocket sessions track themselves).
 pub async fn serve<H, Fut>(
     what: Listener,
     listener: TcpListener,
+    tls: Option<Tls>,
     conns: TaskTracker,
     shutdown: CancellationToken,
     handler: H,
@@ -73,7 +90,7 @@ pub async fn serve<H, Fut>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let (handler, stop) = (handler.clone(), shutdown.clone());
+        let (handler, stop, tls) = (handler.clone(), shutdown.clone(), tls.clone());
         let span = tracing::trace_span!("conn", listener = what.name, %peer);
         let serving = async move {
             let svc = service_fn(move |mut req: Request<Incoming>| {
@@ -98,23 +115,48 @@ pub async fn serve<H, Fut>(
                 }
                 .instrument(span)
             });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(what.header_read_timeout)
-                .max_buf_size(what.max_head_bytes)
-                .serve_connection(TokioIo::new(stream), svc)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.cancelled() => {
-                    // Finish the request in flight (idle keep-alive connections close at once).
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+            let Some(tls) = tls else { return serve_conn(what, TokioIo::new(stream), svc, stop).await };
+            let counted = |result| tls.handshakes.get_or_create(&TlsLabel { listener: what.name, result }).inc();
+            match tokio::time::timeout(what.header_read_timeout, tls.config.acceptor().accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    counted("ok");
+                    serve_conn(what, TokioIo::new(stream), svc, stop).await
+                }
+                Ok(Err(e)) => {
+                    counted("failed");
+                    tracing::debug!(error = %e, "tls handshake failed");
+                }
+                Err(_) => {
+                    counted("timeout");
+                    tracing::debug!("tls handshake not done within the header-read deadline");
                 }
             }
         };
         conns.spawn(serving.instrument(span));
+    }
+}
+
+/// Serves HTTP/1 (with upgrades) on one connection until it ends; on `stop`, finishes the request
+/// in flight (idle keep-alive connections close at once).
+async fn serve_conn<I, S>(what: Listener, io: I, svc: S, stop: CancellationToken)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = Full<Bytes>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(what.header_read_timeout)
+        .max_buf_size(what.max_head_bytes)
+        .serve_connection(io, svc)
+        .with_upgrades();
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-/// Where the CLI finds the cluster secret.
+/// Where the CLI finds the cluster secret, and how it speaks TLS to a cluster listener.
 #[derive(Debug, Args, Clone)]
 pub struct SecretArgs {
     /// File holding the cluster secret (trailing newline stripped).
@@ -22,4 +22,26 @@ pub struct SecretArgs {
     /// Data dir of a local node whose generated `cluster.secret` to use when no secret is given.
     #[arg(long, env = "GATEWAY_DATA_DIR", default_value = "gateway-data")]
     pub data_dir: PathBuf,
+    /// CA certificates (PEM) to trust for https:// cluster listeners; host:port addresses are
+    /// then dialled with https.
+    #[arg(long, env = "GATEWAY_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present to a cluster listener that requires one (mutual TLS).
+    #[arg(long, env = "GATEWAY_CLIENT_CERT_FILE", requires_all = ["client_key_file", "ca_file"])]
+    pub client_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --client-cert-file.
+    #[arg(long, env = "GATEWAY_CLIENT_KEY_FILE", requires = "client_cert_file")]
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl SecretArgs {
+    /// The TLS client configuration these flags ask for (`None`: plain text).
+    pub fn tls(&self) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, crate::tls::TlsError> {
+        let Some(ca) = &self.ca_file else { return Ok(None) };
+        let identity = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            _ => None,
+        };
+        crate::tls::client_config(ca, identity).map(Some)
+    }
 }

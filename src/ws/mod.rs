@@ -92,8 +92,15 @@ async fn route(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
 /// and 10,000 slow clients cannot hold hyper's default ~400 KB each.
 const MAX_HEAD_BYTES: usize = 16 << 10;
 
-/// Serves the public listener until `shutdown` fires; connections are tracked on `conns`.
-pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shutdown: CancellationToken) {
+/// Serves the public listener (over TLS with `tls`) until `shutdown` fires; connections are
+/// tracked on `conns`.
+pub async fn run(
+    listener: TcpListener,
+    tls: Option<crate::server::Tls>,
+    gate: Arc<Gate>,
+    conns: TaskTracker,
+    shutdown: CancellationToken,
+) {
     let timeout = gate.header_read_timeout;
     let handler = move |req| route(gate.clone(), req);
     // A reconnect storm is thousands of handshakes a second, counted by reason in the metrics: their
@@ -105,7 +112,7 @@ pub async fn run(listener: TcpListener, gate: Arc<Gate>, conns: TaskTracker, shu
         quiet: |_| true,
         quiet_when_ok: |_| true,
     };
-    crate::server::serve(what, listener, conns, shutdown, handler).await
+    crate::server::serve(what, listener, tls, conns, shutdown, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer

@@ -1,8 +1,11 @@
 //! A minimal blocking HTTP/1.1 client for tests: one request per connection (`Connection: close`),
 //! bounded by a timeout on connect, write and read. Owns no retries: callers decide what a failure means.
+//! Addresses registered with [`use_tls`] are dialled with TLS (https).
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -34,6 +37,17 @@ impl Response {
     }
 }
 
+static TLS: Mutex<Option<HashMap<SocketAddr, Arc<rustls::ClientConfig>>>> = Mutex::new(None);
+
+/// From now on, requests to `addr` speak TLS with `config`.
+pub fn use_tls(addr: SocketAddr, config: Arc<rustls::ClientConfig>) {
+    TLS.lock().unwrap().get_or_insert_with(HashMap::new).insert(addr, config);
+}
+
+fn tls_for(addr: SocketAddr) -> Option<Arc<rustls::ClientConfig>> {
+    TLS.lock().unwrap().as_ref().and_then(|m| m.get(&addr).cloned())
+}
+
 /// Sends one request and reads the whole response.
 pub fn request(
     addr: SocketAddr,
@@ -43,12 +57,28 @@ pub fn request(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Response> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(3)))
+    let stream = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(3)))
         .with_context(|| format!("connect {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.set_nodelay(true)?;
+    match tls_for(addr) {
+        None => exchange(stream, addr, method, path, headers, body),
+        Some(config) => {
+            let conn = rustls::ClientConnection::new(config, rustls::pki_types::ServerName::from(addr.ip()))?;
+            exchange(rustls::StreamOwned::new(conn, stream), addr, method, path, headers, body)
+        }
+    }
+}
 
+fn exchange(
+    mut stream: impl Read + Write,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Result<Response> {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));

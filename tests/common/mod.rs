@@ -10,6 +10,7 @@ pub mod http;
 pub mod proxy;
 pub mod raw;
 pub mod status;
+pub mod tls;
 pub mod upstream;
 pub mod ws;
 
@@ -159,6 +160,18 @@ pub struct Cluster {
     pub extra_args: Vec<String>,
     /// Environment of every `serve` of this cluster (test hooks such as `GATEWAY_TEST_*`).
     pub env: Vec<(String, String)>,
+    /// TLS on every node of this cluster (see [`Cluster::with_tls`]).
+    pub tls: Option<ClusterTls>,
+}
+
+/// A cluster whose members speak TLS: one node certificate for all (127.0.0.1), the CLI's and the
+/// harness's client certificate, mutual TLS on the cluster listener, wss on the device listener.
+pub struct ClusterTls {
+    pub ca: tls::Ca,
+    pub node: tls::Issued,
+    pub client: tls::Issued,
+    /// Trusts the CA and presents `client`.
+    pub config: std::sync::Arc<rustls::ClientConfig>,
 }
 
 pub fn bin() -> &'static str {
@@ -186,7 +199,20 @@ impl Cluster {
             nodes: Vec::new(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
+            tls: None,
         }
+    }
+
+    /// A cluster whose nodes serve wss:// and https:// with mutual TLS between members, from a CA
+    /// made now; the harness and `cli_auth` dial them with the CA and a client certificate.
+    pub fn with_tls(extra: &[&str]) -> Cluster {
+        let mut c = Cluster::with_args(extra);
+        let ca = tls::Ca::new(&c.dir().join("pki"), "cluster");
+        let node = ca.issue("node", 1, "node.test", None);
+        let client = ca.issue("client", 2, "client.test", None);
+        let config = tls::client(&ca.cert_file, Some(&client));
+        c.tls = Some(ClusterTls { ca, node, client, config });
+        c
     }
 
     pub fn dir(&self) -> &Path {
@@ -217,6 +243,10 @@ impl Cluster {
             spawns: 0,
         });
         let i = self.nodes.len() - 1;
+        if let Some(t) = &self.tls {
+            http::use_tls(self.nodes[i].cluster_addr(), t.config.clone());
+            http::use_tls(SocketAddr::from(([127, 0, 0, 1], self.nodes[i].public_port)), t.config.clone());
+        }
         let port = self.nodes[i].cluster_port.to_string();
         self.nodes[i].extra_args = args.iter().map(|a| a.replace("{cluster_port}", &port)).collect();
         self.start(i);
@@ -280,6 +310,19 @@ impl Cluster {
                 a.push("--join".into());
                 a.push(self.nodes[*j].cluster_addr_str());
             }
+        }
+        if let Some(t) = &self.tls {
+            for (k, v) in [
+                ("--tls-cert-file", &t.node.cert),
+                ("--tls-key-file", &t.node.key),
+                ("--cluster-tls-cert-file", &t.node.cert),
+                ("--cluster-tls-key-file", &t.node.key),
+                ("--cluster-tls-ca-file", &t.ca.cert_file),
+            ] {
+                a.push(k.into());
+                a.push(v.display().to_string());
+            }
+            a.push("--cluster-tls-client-auth".into());
         }
         a.extend(self.extra_args.iter().cloned());
         a.extend(n.extra_args.iter().cloned());
@@ -370,13 +413,23 @@ impl Cluster {
         run_cli(args)
     }
 
-    /// Runs `gateway <args> --cluster-secret-file <this cluster's secret>`.
+    /// Runs `gateway <args> --cluster-secret-file <this cluster's secret>` (and, with TLS, the
+    /// CA and the client certificate).
     pub fn cli_auth(&self, args: &[&str]) -> CliOutput {
-        let mut a: Vec<&str> = args.to_vec();
-        let f = self.secret_file.display().to_string();
-        a.push("--cluster-secret-file");
-        a.push(&f);
-        run_cli(&a)
+        let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        a.push("--cluster-secret-file".into());
+        a.push(self.secret_file.display().to_string());
+        if let Some(t) = &self.tls {
+            for (k, v) in [
+                ("--ca-file", &t.ca.cert_file),
+                ("--client-cert-file", &t.client.cert),
+                ("--client-key-file", &t.client.key),
+            ] {
+                a.push(k.into());
+                a.push(v.display().to_string());
+            }
+        }
+        run_cli(&a.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// `gateway join --cluster <via> --node <node>`; asserts exit 0.

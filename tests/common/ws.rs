@@ -404,9 +404,11 @@ impl Cluster {
         SocketAddr::from(([127, 0, 0, 1], self.nodes[i].public_port))
     }
 
-    /// The URL nodes advertise for node `i` (the default `public_url` is `ws://<listen>`).
+    /// The URL nodes advertise for node `i` (the default `public_url` is `ws://<listen>`, or
+    /// `wss://` with TLS).
     pub fn public_url(&self, i: usize) -> String {
-        format!("ws://127.0.0.1:{}", self.nodes[i].public_port)
+        let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+        format!("{scheme}://127.0.0.1:{}", self.nodes[i].public_port)
     }
 
     /// The device-token secret as the binary uses it (trailing newline stripped).

@@ -69,7 +69,8 @@ pub enum Scenario {
 /// Flags of every scenario.
 #[derive(Debug, Args, Clone)]
 pub struct CommonArgs {
-    /// Node URLs (ws://host:port), comma-separated; device i starts at node i mod k.
+    /// Node URLs (ws://host:port, or wss:// with --ca-file), comma-separated; device i starts at
+    /// node i mod k.
     #[arg(long, value_delimiter = ',', required = true)]
     pub nodes: Vec<String>,
     /// Cluster address (host:port) of any member: status, connections, drain. Optional for steady.

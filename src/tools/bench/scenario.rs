@@ -176,11 +176,14 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let cfg_err = |e: crate::secrets::SecretError| BenchError::Config(e.to_string());
     let device_secret =
         secrets::cli_device_secret(c.device_secret_file.as_deref(), &c.secret.data_dir).map_err(cfg_err)?;
+    // --ca-file: the devices dial wss:// and the cluster calls go over https with it.
+    let tls = c.secret.tls().map_err(|e| BenchError::Config(e.to_string()))?;
     let admin = match &c.cluster {
         Some(cluster) => {
             let s = secrets::cli_cluster_secret(c.secret.cluster_secret_file.as_deref(), &c.secret.data_dir)
                 .map_err(cfg_err)?;
-            Some((Admin::new(HttpClient::new(&s)), HttpClient::new(&s), cluster.clone()))
+            let http = HttpClient::with_tls(&s, tls.clone());
+            Some((Admin::new(http.clone()), http, cluster.clone()))
         }
         None => None,
     };
@@ -234,7 +237,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let rec = Recorder::new(n as usize, cap);
     let stop = CancellationToken::new();
     let spawner: JoinHandle<Vec<JoinHandle<()>>> = {
-        let (rec, stop, c, sources) = (rec.clone(), stop.clone(), c.clone(), sources.clone());
+        let (rec, stop, c, sources, tls) = (rec.clone(), stop.clone(), c.clone(), sources.clone(), tls.clone());
         tokio::spawn(async move {
             let t0 = Instant::now();
             let mut handles = Vec::with_capacity(n as usize);
@@ -245,7 +248,9 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                 if stop.is_cancelled() {
                     break;
                 }
-                let dev = Device::new(device_config(&c, i, &token, &sources), Box::new(MemoryStore::new(0)));
+                let mut cfg = device_config(&c, i, &token, &sources);
+                cfg.tls = tls.clone();
+                let dev = Device::new(cfg, Box::new(MemoryStore::new(0)));
                 let (ev, stop) = (events(rec.clone(), i), stop.clone());
                 handles.push(tokio::spawn(async move {
                     dev.run(ev, stop).await;

@@ -11,7 +11,7 @@ use super::BenchError;
 /// towards a given server address), or none when `k` is 0 or a node is not on 127.0.0.0/8.
 pub fn sources(k: u32, node_urls: &[String]) -> Vec<IpAddr> {
     let loopback = node_urls.iter().all(|u| {
-        let host = u.trim_start_matches("ws://").trim_start_matches("http://");
+        let host = ["ws://", "wss://", "http://", "https://"].iter().fold(u.as_str(), |h, p| h.trim_start_matches(p));
         let host = host.split(['/', '?']).next().unwrap_or("");
         let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
         host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
@@ -117,6 +117,7 @@ mod tests {
         assert_eq!(s[2].to_string(), "127.0.1.3");
         assert_eq!(sources(300, &local)[255].to_string(), "127.0.2.0");
         assert!(sources(3, &["ws://10.0.0.1:8001".to_string()]).is_empty());
+        assert_eq!(sources(2, &["wss://127.0.0.1:8001".to_string()]).len(), 2);
         assert!(sources(0, &local).is_empty());
     }
 
