@@ -207,7 +207,15 @@ impl Policy {
                 }
             }
             Outcome::Refused { status: 401, .. } => Step::Stop(StopReason::Unauthorized),
-            Outcome::Refused { status: 429, retry_after } => self.refusal(retry_after, "rate_limited"),
+            // Rate limited: that node answered, and admission runs before placement, so it is
+            // as good a target as it was (the node its `hello` named, or where a redirect sent
+            // us): try it again. Going back to the seed would cost a redirect, and a redirect
+            // spends a token of the cluster's admission budget, in the storm that is short of them.
+            Outcome::Refused { status: 429, retry_after } => {
+                let wait = self.backoff.after_refusal(retry_after);
+                let target = self.current.clone();
+                self.dial(target, wait, "rate_limited", None)
+            }
             Outcome::Refused { status: 503, retry_after } => {
                 self.rotate();
                 self.refusal(retry_after, "unavailable")
@@ -337,6 +345,13 @@ mod tests {
         let dropped = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: STABLE };
         let (url, wait, why, _) = dial(p.next(dropped.clone()));
         assert_eq!((url.as_str(), why, wait), ("ws://c:3/ws?attempt=1&fallback=n2", "dropped", twin.first_reconnect()));
+        // Rate limited there (the storm): the same node again after the backoff, not the seed
+        // (whose redirect would spend another admission token).
+        let (url, wait, why, _) = dial(p.next(Outcome::Refused { status: 429, retry_after: None }));
+        assert_eq!(
+            (url.as_str(), why, wait),
+            ("ws://c:3/ws?attempt=1&fallback=n2", "rate_limited", twin.after_refusal(None))
+        );
         // That node unreachable as well: the seeds, still without the dead node.
         let (url, wait, why, _) = dial(p.next(Outcome::Unreachable));
         assert_eq!(

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use rand::RngCore;
 
-use super::placement::place;
+use super::placement::{place, successor};
 use super::session::{self, Ended};
 use super::stream::{Acker, StreamCursor};
 use super::{Gate, Mode};
@@ -192,7 +192,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     // Where this device goes if this node fails: placement with this node left out. Told now, it
     // saves the fleet a dial to a dead node and a redirect each, in the storm that follows.
     let view = g.cluster.view();
-    let next_url = place(&view, &device, None, None, Some(me), g.cluster.now_ms()).and_then(|n| view.ws_url(n));
+    let next_url = successor(&view, &device, me, g.cluster.now_ms()).and_then(|n| view.ws_url(n));
     let hello = ServerFrame::Hello {
         device: device.clone(),
         node: g.cluster.member().name.clone(),

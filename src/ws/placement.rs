@@ -1,15 +1,17 @@
 //! Placement (design §2): where a device should connect. Its current route's node if that node is
-//! live; else the node of its last accepted claim if live; else, for a new device, the less loaded
-//! of its first two ring candidates (the ring owner and the next node on the ring), skipping nodes
-//! whose connection count exceeds 1.3 × the live mean. Never a node whose lease has lapsed, and
-//! never the `fallback` node the device reported unreachable. Pure over its inputs: the counts are
-//! the applied ones (they travel with lease renewals), so every node places a device alike.
+//! live; else the node of its last accepted claim if live; else the ring owner, skipping nodes
+//! whose connection count exceeds 1.3 × the live mean — for a device never placed before (no
+//! route, no floor), the less loaded of the owner and the next node on the ring. Never a node
+//! whose lease has lapsed, and never the `fallback` node the device reported unreachable. Pure
+//! over its inputs: the counts are the applied ones (they travel with lease renewals), so every
+//! node places a device alike.
 //!
 //! Two choices (issue 15): a node that just joined first takes every new device while the others
 //! hold more than 1.3 × the mean (the overlay); after that, with the owner alone, it would fill at
 //! only 1/N of arrivals. As one of two candidates it takes about 2/N of them until its count (as
 //! renewed) reaches the others'. Connected and reconnecting devices never move (steps one and
-//! two).
+//! two), and a device whose node died goes to the owner its `hello` named ([`successor`]): the
+//! loads have changed since, and a second choice would redirect most of a storm.
 
 use crate::machine::{Floor, LeaseState, NodeId, Route};
 use crate::view::ClusterView;
@@ -39,6 +41,21 @@ pub fn place(
     if let Some(f) = floor.filter(|f| ok(f.last_node)) {
         return Some(f.last_node);
     }
+    // Two choices only for a device never placed before: one whose node died goes where its
+    // `hello` said it would (`successor`), so a storm costs no redirects.
+    ring_step(view, device, ok, route.is_none() && floor.is_none())
+}
+
+/// Where a device connected to `me` goes if `me` fails: the ring step without `me` and without
+/// the two choices, which is what [`place`] answers for it then (its floor names `me`). The
+/// `hello` tells the device (`next_url`) so that it dials there directly.
+pub fn successor(view: &ClusterView, device: &str, me: NodeId, now_ms: u64) -> Option<NodeId> {
+    ring_step(view, device, |id| id != me && is_live(view, id, now_ms), false)
+}
+
+/// The ring owner among the nodes `ok` accepts, skipping those above [`OVERLOAD`] × the mean;
+/// with `two_choices`, the less loaded of the owner and the next node on the ring.
+fn ring_step(view: &ClusterView, device: &str, ok: impl Fn(NodeId) -> bool, two_choices: bool) -> Option<NodeId> {
     let live: Vec<(NodeId, u64)> = view
         .members()
         .filter(|(id, _)| ok(*id))
@@ -59,6 +76,9 @@ pub fn place(
     let Some(owner) = owner else {
         return view.ring.owner_skipping(key, |name| !usable(name, false)).and_then(id_of);
     };
+    if !two_choices {
+        return id_of(owner);
+    }
     let count = |name: &str| id_of(name).and_then(|id| live.iter().find(|(l, _)| *l == id)).map_or(0, |(_, c)| *c);
     let second = view.ring.owner_skipping(key, |name| name == owner || !usable(name, true));
     match second {
@@ -152,6 +172,21 @@ mod tests {
         // A device that was here before goes back to its node, whatever the loads.
         let floor = Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node: 2 };
         assert_eq!(place(&fresh, "dev1", None, Some(&floor), None, NOW), Some(2));
+        // One whose node died goes where its hello said (`successor`, told while n2 lived),
+        // whatever the loads did since: no redirect in the storm.
+        let died = |loads: &[(NodeId, u64)]| {
+            let mut l: Vec<_> = loads.iter().map(|(id, c)| live(*id, *c)).collect();
+            l.push((2, LeaseState::Expired, 5_000, 0));
+            view(&l)
+        };
+        for d in 0..devices {
+            let dev = format!("dev{d}");
+            let told = successor(&fresh, &dev, 2, NOW);
+            let floor = Floor { last_node: 2, ..floor };
+            for after in [died(&[(1, 100), (3, 100), (4, 40)]), died(&[(1, 100), (3, 60), (4, 95)])] {
+                assert_eq!(place(&after, &dev, None, Some(&floor), None, NOW), told, "{dev}");
+            }
+        }
         // Deterministic: the same view places a device the same way every time.
         assert_eq!(place(&fresh, "dev7", None, None, None, NOW), place(&fresh, "dev7", None, None, None, NOW));
     }
