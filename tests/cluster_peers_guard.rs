@@ -1,6 +1,7 @@
 //! The bootstrap guard (`serve --peers`) on a first-ever start and on a restart: peers where nothing
-//! listens → it bootstraps once `--peers-wait-ms` ran out, saying so; a restart with a data dir
-//! ignores the peers (no wait); peers in two different clusters → refused with exit 78.
+//! listens → it bootstraps once `--peers-wait-ms` ran out, saying so (also when a start stopped
+//! before it bootstrapped left an identity but no cluster); a restart with a data dir that holds a
+//! cluster ignores the peers (no wait); peers in two different clusters → refused with exit 78.
 
 mod common;
 
@@ -38,7 +39,7 @@ fn guard_bootstraps_after_its_window_skips_on_restart_and_refuses_two_clusters()
     c.spawn_with("n1", Start::Bootstrap, &["--peers", &silent, "--peers-wait-ms", &wait_arg]);
     let took = started.elapsed();
     let log = log_of_spawn(&c, 0, 1);
-    assert!(log.contains("bootstrap guard: fresh data dir"), "guard announces itself:\n{log}");
+    assert!(log.contains("bootstrap guard: no cluster in the data dir"), "guard announces itself:\n{log}");
     assert!(log.contains("no peer is in a cluster yet"), "guard prints its progress:\n{log}");
     assert!(
         log.contains("no peer answered as a member within peers_wait_ms: bootstrapping")
@@ -69,11 +70,27 @@ fn guard_bootstraps_after_its_window_skips_on_restart_and_refuses_two_clusters()
     assert_eq!(c.view(0).expect("n1 view").cluster_id, first.cluster_id);
     println!("restart with --peers and a {long_wait} ms window: ready after {took:?}");
 
+    // A data dir with an identity but no cluster (a start stopped before it bootstrapped): still
+    // guarded, so the start finishes by itself. n0 first ran as a standby, then as a guarded bootstrap.
+    let n0 = c.spawn("n0", Start::Standby);
+    c.kill9(n0);
+    c.nodes[n0].start = Start::Bootstrap;
+    c.nodes[n0].extra_args = vec!["--peers".into(), silent.clone(), "--peers-wait-ms".into(), wait_arg.clone()];
+    let restarted = Instant::now();
+    c.start(n0);
+    wait_ready(&c, n0, window + 2 * SLACK);
+    let took = restarted.elapsed();
+    let log = log_of_spawn(&c, n0, 2);
+    assert!(took >= window, "guarded: waits its window on a data dir without a cluster ({took:?})");
+    assert!(log.contains("bootstrap guard: no cluster in the data dir"), "guard runs:\n{log}");
+    assert!(log.contains("bootstrapped a one-node cluster"), "and bootstraps:\n{log}");
+    c.kill9(n0);
+
     // A second, separate cluster; a fresh node whose peers are one member of each is refused.
-    c.spawn("n2", Start::Bootstrap);
-    let other = c.view(1).expect("n2 view");
+    let n2 = c.spawn("n2", Start::Bootstrap);
+    let other = c.view(n2).expect("n2 view");
     assert_ne!(other.cluster_id, first.cluster_id);
-    let peers = format!("{},{}", c.nodes[0].cluster_addr_str(), c.nodes[1].cluster_addr_str());
+    let peers = format!("{},{}", c.nodes[0].cluster_addr_str(), c.nodes[n2].cluster_addr_str());
     let dir = c.dir().join("n3-data");
     let (listen, cluster) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
     let secret = c.secret_file.display().to_string();

@@ -37,7 +37,8 @@ pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// one-node cluster, unless the bootstrap guard (`--peers`) finds a peer already in a cluster:
 /// then it joins that cluster instead (refusing to start when the peers name two clusters);
 /// `--join ADDR` returns the task that asks that member to add this node until it is one;
-/// `--standby` waits for `gateway join`. A data dir that holds a cluster ignores all of these.
+/// `--standby` waits for `gateway join`. A data dir that holds a cluster ignores all of these; the
+/// guard also runs on a data dir that holds none yet (a start that stopped inside its window).
 pub async fn start(
     cluster: &Handle,
     cfg: &Config,
@@ -46,11 +47,17 @@ pub async fn start(
     cancel: CancellationToken,
 ) -> Result<Option<Task>, GuardError> {
     let mut join: Option<Task> = None;
+    let guarded = cfg.start == Start::Bootstrap && !cfg.peers.is_empty();
+    let holds_cluster = !fresh && cluster.is_initialized().await;
     match (&cfg.start, fresh) {
-        (Start::Bootstrap, true) if !cfg.peers.is_empty() => {
+        (Start::Bootstrap, _) if guarded && !holds_cluster => {
             let me = Me { id: cluster.me(), name: cluster.member().name.clone(), cluster_addr: cfg.cluster_addr() };
             let wait = Duration::from_millis(cfg.peers_wait_ms);
-            match bootguard::decide(&http, &me, &cfg.peers, wait, &cancel).await? {
+            let verdict = match bootguard::decide(&http, &me, &cfg.peers, wait, &cancel).await {
+                Err(GuardError::Cancelled) => return Ok(None),
+                other => other?,
+            };
+            match verdict {
                 Verdict::Join { via, cluster_id, old_self } => {
                     let cluster_id = cluster_id.unwrap_or_else(|| "-".into());
                     tracing::warn!(
@@ -82,7 +89,7 @@ pub async fn start(
         (Start::Standby, true) => tracing::info!("standby: waiting to be added with `gateway join`"),
         _ => {}
     }
-    if !fresh && !cfg.peers.is_empty() {
+    if guarded && holds_cluster {
         tracing::info!("data dir holds this node's identity: peers not asked (they guard a fresh data dir only)");
     }
     if let (false, Some((rate, burst))) = (fresh, cfg.cluster_budget) {
@@ -92,7 +99,7 @@ pub async fn start(
             "cluster_admit_rate applies when a cluster is bootstrapped; change this cluster's budget with `gateway admission set`"
         );
     }
-    if !fresh && !cluster.is_initialized().await {
+    if !fresh && !guarded && !cluster.is_initialized().await {
         tracing::info!(
             "this node is not part of a cluster yet: add it with `gateway join --node {}`",
             cfg.cluster_addr()

@@ -134,7 +134,7 @@ pub async fn decide(
 ) -> Result<Verdict, GuardError> {
     let started = Instant::now();
     let deadline = started + wait;
-    tracing::info!(peers = ?peers, wait_ms = wait.as_millis() as u64, "bootstrap guard: fresh data dir; asking the peers whether a cluster already exists before bootstrapping");
+    tracing::info!(peers = ?peers, wait_ms = wait.as_millis() as u64, "bootstrap guard: no cluster in the data dir; asking the peers whether one already exists before bootstrapping");
     loop {
         let mut answers = Vec::with_capacity(peers.len());
         for peer in peers {
