@@ -9,7 +9,7 @@ gateway needs from them: the kinds; selectors that match the pod labels; probes 
 /healthz; Service ports that reach container ports, and listeners, advertise address and public URL
 that agree with them; a grace period longer than the drain timeout; the PodDisruptionBudget; the
 security context; secrets from a Secret volume; data on a volumeClaimTemplate; a start file per
-replica in which only gateway-0 bootstraps; the autoscaling example (DIR/autoscaling/*.yaml,
+replica in which only gateway-0 bootstraps, guarded by peers = every other replica; the autoscaling example (DIR/autoscaling/*.yaml,
 applied by hand) targets the StatefulSet, never scales down and has a start file per ordinal. With the kubernetes-validate package installed, every
 object is also validated strictly (no unknown fields) against the API schemas of Kubernetes 1.28.
 Prints one line per problem and exits 1 if there is any. --self-test breaks copies of the
@@ -219,6 +219,15 @@ def check(docs):
             joins = re.findall(r'^\s*join\s*=\s*"([^"]*)"', text, re.M)
             if i == 0 and (joins or re.search(r"^\s*standby\s*=\s*true", text, re.M)):
                 err(cf, cm, f"{pod_name}.toml must bootstrap (no join, no standby)")
+            if i == 0:
+                # The bootstrap guard: a lost volume must not bootstrap a second cluster.
+                line = re.search(r"^\s*peers\s*=\s*\[([^\]]*)\]", text, re.M)
+                peers = re.findall(r'"([^"]*)"', line.group(1)) if line else []
+                want = {f"{sts['metadata']['name']}-{k}.{service_name}" for k in range(1, replicas)}
+                hosts = [p.rsplit(":", 1)[0] for p in peers if port_of(p) == cluster_listen]
+                if any(not any(h == w or h.startswith(w + ".") for h in hosts) for w in want):
+                    err(cf, cm, f"{pod_name}.toml must guard its bootstrap with peers = every other replica "
+                                f"({', '.join(sorted(want))}, port {cluster_listen}), not {peers}")
             if i > 0 and (len(joins) != 1 or not joins[0].startswith(f"{seed}.{service_name}")
                           or port_of(joins[0]) != cluster_listen):
                 err(cf, cm, f"{pod_name}.toml must join {seed}.{service_name}...:{cluster_listen}, not {joins}")
@@ -325,6 +334,11 @@ def break_copies(docs):
                 lambda k: gw(k)["args"].__setitem__(3, "--cluster-advertise=gateway:7070")),
         variant("gateway-2 bootstraps a second cluster",
                 lambda k: k["ConfigMap"][0]["data"].update({"gateway-2.toml": "# nothing\n"})),
+        variant("gateway-0 bootstraps without peers (a lost volume splits the cluster)",
+                lambda k: k["ConfigMap"][0]["data"].update({"gateway-0.toml": "# nothing\n"})),
+        variant("gateway-0 guards with a peer missing",
+                lambda k: k["ConfigMap"][0]["data"].update(
+                    {"gateway-0.toml": 'peers = ["gateway-1.gateway-peers:7070"]\n'})),
         variant("secret in the environment",
                 lambda k: gw(k)["env"].append({"name": "GATEWAY_CLUSTER_SECRET", "value": "x" * 32})),
         variant("data dir not on a claim", lambda k: k["StatefulSet"][0]["spec"].pop("volumeClaimTemplates")),

@@ -42,7 +42,8 @@
 //!   [`http`] the pooled HTTP client; [`metrics`] the Prometheus registry.
 //! - [`client`] the reconnecting device client: full-jitter backoff, dial, policy, `Device`.
 //! - [`tools`] beside the server: the admin client, `gateway bench` (load tool), `plan-storm`,
-//!   `probe` (the health check of the scratch image).
+//!   `probe` (the health check of the scratch image), the bootstrap guard (`serve --peers`: ask
+//!   the peers before a fresh data dir bootstraps; join their cluster when one exists).
 //!
 //! # Architecture invariants
 //! Checked on the source text by `tests/tidy.rs`:

@@ -124,6 +124,8 @@ impl From<NodeError> for Failure {
     fn from(e: NodeError) -> Self {
         match e {
             NodeError::Config(m) => Failure::Config(m),
+            // The peers name two clusters: a configuration to fix.
+            e @ NodeError::Guard(_) => Failure::Config(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
     }

@@ -42,6 +42,15 @@ pub struct ServeArgs {
     /// On a fresh data dir: wait to be added with `gateway join`.
     #[arg(long, env = "GATEWAY_STANDBY")]
     pub standby: bool,
+    /// Bootstrap guard, on a fresh data dir that would bootstrap: first ask these cluster
+    /// addresses (comma-separated) whether they belong to a cluster; if one does, join it through
+    /// that member instead of bootstrapping a second cluster.
+    #[arg(long, env = "GATEWAY_PEERS", value_delimiter = ',', conflicts_with_all = ["join", "standby"])]
+    pub peers: Option<Vec<String>>,
+    /// How long the bootstrap guard keeps asking --peers before it bootstraps when none of them
+    /// is in a cluster (it bootstraps sooner once every peer answered) [default: 5000].
+    #[arg(long, env = "GATEWAY_PEERS_WAIT_MS")]
+    pub peers_wait_ms: Option<u64>,
     /// Cluster secret file (env GATEWAY_CLUSTER_SECRET holds the secret itself).
     #[arg(long, env = "GATEWAY_CLUSTER_SECRET_FILE")]
     pub cluster_secret_file: Option<PathBuf>,
@@ -221,6 +230,8 @@ impl ServeArgs {
             public_url: self.public_url.clone(),
             join: self.join.clone(),
             standby: self.standby.then_some(true),
+            peers: self.peers.clone(),
+            peers_wait_ms: self.peers_wait_ms,
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
             backend_secret_file: self.backend_secret_file.clone(),

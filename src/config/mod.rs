@@ -51,6 +51,8 @@ pub struct FileConfig {
     pub public_url: Option<String>,
     pub join: Option<String>,
     pub standby: Option<bool>,
+    pub peers: Option<Vec<String>>,
+    pub peers_wait_ms: Option<u64>,
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
     pub backend_secret_file: Option<PathBuf>,
@@ -302,6 +304,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub public_url: Option<String>,
     pub start: Start,
+    /// The bootstrap guard: cluster addresses asked, before a fresh data dir bootstraps, whether
+    /// they already belong to a cluster (then this node joins it instead), and for how long.
+    pub peers: Vec<String>,
+    pub peers_wait_ms: u64,
     pub cluster_secret_file: Option<PathBuf>,
     pub device_secret_file: Option<PathBuf>,
     pub backend_secret_file: Option<PathBuf>,
@@ -318,6 +324,9 @@ pub struct Config {
     pub cluster_budget: Option<(f64, u32)>,
     pub upstream: upstream::UpstreamConfig,
 }
+
+/// Default `peers_wait_ms`: how long a guarded bootstrap keeps asking its peers.
+pub const DEFAULT_PEERS_WAIT_MS: u64 = 5000;
 
 /// Default `store_cache_mib`: per database, so the store holds at most twice this.
 pub const DEFAULT_STORE_CACHE_MIB: u64 = 256;
@@ -427,6 +436,12 @@ impl Config {
             (None, true) => Start::Standby,
             (None, false) => Start::Bootstrap,
         };
+        let peers = flags.peers.or(file.peers).unwrap_or_default();
+        if !peers.is_empty() && start != Start::Bootstrap {
+            return Err(ConfigError::Invalid(
+                "peers guards a bootstrap: it does not go with --join or --standby".into(),
+            ));
+        }
         let cache_mib = flags.store_cache_mib.or(file.store_cache_mib).unwrap_or(DEFAULT_STORE_CACHE_MIB);
         if !(1..=1 << 20).contains(&cache_mib) {
             return Err(ConfigError::Invalid(format!("store_cache_mib ({cache_mib}) must be in 1..=1048576")));
@@ -443,6 +458,8 @@ impl Config {
             data_dir: flags.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("gateway-data")),
             public_url: flags.public_url.or(file.public_url),
             start,
+            peers,
+            peers_wait_ms: flags.peers_wait_ms.or(file.peers_wait_ms).unwrap_or(DEFAULT_PEERS_WAIT_MS),
             cluster_secret_file: flags.cluster_secret_file.or(file.cluster_secret_file),
             device_secret_file: flags.device_secret_file.or(file.device_secret_file),
             backend_secret_file: flags.backend_secret_file.or(file.backend_secret_file),

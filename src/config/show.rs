@@ -25,6 +25,8 @@ impl Config {
             public_url: Some(self.public_url()),
             join,
             standby: Some(standby),
+            peers: (!self.peers.is_empty()).then(|| self.peers.clone()),
+            peers_wait_ms: Some(self.peers_wait_ms),
             cluster_secret_file: self.cluster_secret_file.clone(),
             device_secret_file: self.device_secret_file.clone(),
             backend_secret_file: self.backend_secret_file.clone(),

@@ -161,3 +161,16 @@ fn tls_keys_come_in_complete_sets_and_switch_the_public_url_to_wss() {
         assert!(e.contains(says), "{bad:?}: {e}");
     }
 }
+
+#[test]
+fn peers_guard_a_bootstrap_only() {
+    let file: FileConfig = toml::from_str("peers = [\"gateway-1.peers:7070\", \"10.0.0.3:7070\"]").unwrap();
+    let cfg = Config::merge(FileConfig::default(), file).unwrap();
+    assert_eq!(cfg.peers, ["gateway-1.peers:7070", "10.0.0.3:7070"]);
+    assert_eq!(cfg.peers_wait_ms, DEFAULT_PEERS_WAIT_MS);
+    assert_eq!(Config::merge(cfg.effective(), FileConfig::default()).unwrap().peers, cfg.peers);
+    let with_join = FileConfig { peers: Some(vec!["a:1".into()]), join: Some("b:1".into()), ..Default::default() };
+    assert!(Config::merge(with_join, FileConfig::default()).is_err(), "peers and join exclude each other");
+    let bad = FileConfig { peers: Some(vec!["no-port".into()]), ..Default::default() };
+    assert!(Config::merge(bad, FileConfig::default()).is_err(), "a peer is a host:port");
+}

@@ -52,6 +52,15 @@ impl Config {
             }
             _ => {}
         }
+        for peer in &self.peers {
+            let bare = peer.strip_prefix("https://").or_else(|| peer.strip_prefix("http://")).unwrap_or(peer);
+            if !is_host_port(bare) {
+                return bad(format!("peers: expected host:port cluster addresses, got {peer:?}"));
+            }
+        }
+        if self.peers_wait_ms > MAX_DURATION_MS {
+            return bad(format!("peers_wait_ms ({}) is too long", self.peers_wait_ms));
+        }
         if self.public_url.is_none() && self.listen.ip().is_unspecified() {
             return bad(format!(
                 "listen {} is a wildcard address devices cannot be sent to: set public_url (--public-url ws://host:port)",

@@ -20,6 +20,8 @@ use crate::http::HttpClient;
 use crate::machine::Budget;
 
 use crate::protocol::close;
+use crate::tools::admin::OnClash;
+use crate::tools::bootguard::{self, GuardError, Me, Verdict};
 use crate::ws::registry::Control;
 use crate::ws::{self, Gate, Mode};
 
@@ -32,34 +34,63 @@ pub const FENCE_MARGIN_DIVISOR: u32 = 5;
 pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// How a node starts: a fresh data dir with neither `--join` nor `--standby` bootstraps a
-/// one-node cluster; `--join ADDR` returns the task that asks that member to add this node until
-/// it is one; `--standby` waits for `gateway join`.
+/// one-node cluster, unless the bootstrap guard (`--peers`) finds a peer already in a cluster:
+/// then it joins that cluster instead (refusing to start when the peers name two clusters);
+/// `--join ADDR` returns the task that asks that member to add this node until it is one;
+/// `--standby` waits for `gateway join`. A data dir that holds a cluster ignores all of these; the
+/// guard also runs on a data dir that holds none yet (a start that stopped inside its window).
 pub async fn start(
     cluster: &Handle,
     cfg: &Config,
     fresh: bool,
     http: HttpClient,
     cancel: CancellationToken,
-) -> Option<Task> {
+) -> Result<Option<Task>, GuardError> {
     let mut join: Option<Task> = None;
+    let guarded = cfg.start == Start::Bootstrap && !cfg.peers.is_empty();
+    let holds_cluster = !fresh && cluster.is_initialized().await;
     match (&cfg.start, fresh) {
-        (Start::Bootstrap, true) => match cluster.bootstrap().await {
-            Ok(()) => {
-                tracing::info!("bootstrapped a one-node cluster");
-                if let Some(budget) = cfg.cluster_budget {
-                    join = Some(Box::pin(seed_budget(cluster.clone(), budget, cancel.clone())));
+        (Start::Bootstrap, _) if guarded && !holds_cluster => {
+            let me = Me { id: cluster.me(), name: cluster.member().name.clone(), cluster_addr: cfg.cluster_addr() };
+            let wait = Duration::from_millis(cfg.peers_wait_ms);
+            let verdict = match bootguard::decide(&http, &me, &cfg.peers, wait, &cancel).await {
+                Err(GuardError::Cancelled) => return Ok(None),
+                other => other?,
+            };
+            match verdict {
+                Verdict::Join { via, cluster_id, old_self } => {
+                    let cluster_id = cluster_id.unwrap_or_else(|| "-".into());
+                    tracing::warn!(
+                        via = %via, cluster_id = %cluster_id,
+                        "bootstrap guard: {via} belongs to cluster {cluster_id}: joining it instead of bootstrapping a second cluster"
+                    );
+                    if let Some((old, name)) = old_self {
+                        tracing::warn!(
+                            old_id = old, old_name = %name,
+                            "bootstrap guard: member {old} ({name}) is an old identity of this node (lost data dir): remove it with `gateway leave --cluster {via} --node {old}`; this node then joins by itself"
+                        );
+                    }
+                    join = Some(join_task(http, via, cfg.cluster_addr(), cluster.me(), OnClash::Retry, cancel));
+                }
+                verdict => {
+                    let why = match verdict {
+                        Verdict::BootstrapAllOutside => "every peer answered and none is in a cluster",
+                        _ => "no peer answered as a member within peers_wait_ms",
+                    };
+                    tracing::info!(peers = ?cfg.peers, "bootstrap guard: {why}: bootstrapping");
+                    join = bootstrap(cluster, cfg, cancel).await;
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "bootstrap skipped"),
-        },
+        }
+        (Start::Bootstrap, true) => join = bootstrap(cluster, cfg, cancel).await,
         (Start::Join(addr), _) => {
-            let (addr, me, id) = (addr.clone(), cfg.cluster_addr(), cluster.me());
-            join = Some(Box::pin(async move {
-                crate::tools::admin::join_until_member(&http, &addr, &me, id, cancel).await;
-            }));
+            join = Some(join_task(http, addr.clone(), cfg.cluster_addr(), cluster.me(), OnClash::GiveUp, cancel));
         }
         (Start::Standby, true) => tracing::info!("standby: waiting to be added with `gateway join`"),
         _ => {}
+    }
+    if guarded && holds_cluster {
+        tracing::info!("data dir holds this node's identity: peers not asked (they guard a fresh data dir only)");
     }
     if let (false, Some((rate, burst))) = (fresh, cfg.cluster_budget) {
         tracing::info!(
@@ -68,13 +99,34 @@ pub async fn start(
             "cluster_admit_rate applies when a cluster is bootstrapped; change this cluster's budget with `gateway admission set`"
         );
     }
-    if !fresh && !cluster.is_initialized().await {
+    if !fresh && !guarded && !cluster.is_initialized().await {
         tracing::info!(
             "this node is not part of a cluster yet: add it with `gateway join --node {}`",
             cfg.cluster_addr()
         );
     }
-    join
+    Ok(join)
+}
+
+/// Bootstraps a one-node cluster; the task it returns commits the configured cluster budget.
+async fn bootstrap(cluster: &Handle, cfg: &Config, cancel: CancellationToken) -> Option<Task> {
+    match cluster.bootstrap().await {
+        Ok(()) => {
+            tracing::info!("bootstrapped a one-node cluster");
+            let budget = cfg.cluster_budget?;
+            Some(Box::pin(seed_budget(cluster.clone(), budget, cancel)))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "bootstrap skipped");
+            None
+        }
+    }
+}
+
+fn join_task(http: HttpClient, via: String, me: String, id: u64, on_clash: OnClash, cancel: CancellationToken) -> Task {
+    Box::pin(async move {
+        crate::tools::admin::join_until_member(&http, &via, &me, id, on_clash, cancel).await;
+    })
 }
 
 /// Commits the configured cluster budget once this node's fresh cluster can commit (retrying

@@ -57,6 +57,8 @@ pub enum NodeError {
     Store(#[from] crate::store::StoreError),
     #[error("raft: {0}")]
     Raft(String),
+    #[error("{0}")]
+    Guard(#[from] crate::tools::bootguard::GuardError),
 }
 
 impl From<secrets::SecretError> for NodeError {
@@ -69,8 +71,7 @@ impl From<secrets::SecretError> for NodeError {
 pub async fn serve(cfg: Config) -> Result<(), NodeError> {
     let node = build(cfg).await?;
     let span = tracing::info_span!("node", name = %node.cluster.member().name, id = node.cluster.me());
-    node.run().instrument(span).await;
-    Ok(())
+    node.run().instrument(span).await
 }
 
 /// A node assembled and bound, not yet running.
@@ -256,8 +257,9 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
 
 impl Node {
     /// Starts every task, joins or bootstraps as configured, and runs until a stop; then drains
-    /// (or says goodbye when removed), stops Raft and waits for the tasks.
-    pub async fn run(self) {
+    /// (or says goodbye when removed), stops Raft and waits for the tasks. Fails when the
+    /// bootstrap guard refuses to start.
+    pub async fn run(self) -> Result<(), NodeError> {
         let Node { cfg, fresh, cluster, gate, api, events, mode, renewed, public, cluster_listener, tls, .. } = self;
         let (tasks, stop, t) = (self.tasks, self.stop, &cfg.timing);
         let spawn = |name: &'static str, task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
@@ -319,8 +321,17 @@ impl Node {
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);
         spawn("fence", Box::pin(lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone())));
-        if let Some(join) = lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
-            spawn("join", join);
+        match lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
+            Ok(Some(join)) => spawn("join", join),
+            Ok(None) => {}
+            Err(e) => {
+                stop.cancel();
+                cluster.shutdown().await;
+                tasks.close();
+                conns.close();
+                let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
+                return Err(e.into());
+            }
         }
         let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();
@@ -364,6 +375,7 @@ impl Node {
             tracing::warn!(tasks = tasks.len(), connections = conns.len(), "stopped with tasks still running");
         }
         tracing::info!("stopped");
+        Ok(())
     }
 }
 

@@ -294,6 +294,16 @@ pub struct JoinOutcome {
     pub membership: MembershipSummary,
 }
 
+/// What a join does when the cluster refuses it for a name or address clash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnClash {
+    /// Stop asking (`serve --join`: the operator fixes the clash and restarts).
+    GiveUp,
+    /// Keep asking, slowly: the bootstrap guard's join goes through once the operator removed the
+    /// old identity (`gateway leave`), without a restart.
+    Retry,
+}
+
 /// `serve --join ADDR`: asks the member at `cluster_addr` to add this node, retrying with backoff
 /// until it is a member with its final role.
 pub async fn join_until_member(
@@ -301,6 +311,7 @@ pub async fn join_until_member(
     cluster_addr: &str,
     me_addr: &str,
     id: NodeId,
+    on_clash: OnClash,
     cancel: CancellationToken,
 ) {
     let admin = Admin::new(http.clone());
@@ -312,9 +323,12 @@ pub async fn join_until_member(
                 tracing::info!(role = %out.role, "joined the cluster via {cluster_addr}");
                 return;
             }
-            Err(e) if e.reason() == Some("clash") => {
+            Err(e) if e.reason() == Some("clash") && on_clash == OnClash::GiveUp => {
                 tracing::error!(error = %e, "join refused; fix the clash and restart");
                 return;
+            }
+            Err(e) if e.reason() == Some("clash") => {
+                tracing::error!(error = %e, "join refused: an old identity of this node is still a member; remove it with `gateway leave --cluster {cluster_addr} --node <old id>` and this node joins by itself (retrying in {backoff:?})");
             }
             Err(e) => tracing::warn!(error = %e, "join via {cluster_addr} failed; retrying in {backoff:?}"),
         }

@@ -1,10 +1,11 @@
 //! The tools beside the server, built into the same binary: the admin API client (`join`,
-//! `leave`, `status`, `watch`, `drain`, and `serve --join`), the load tool (`gateway bench`) and
+//! `leave`, `status`, `watch`, `drain`, and `serve --join`), the bootstrap guard (`serve --peers`), the load tool (`gateway bench`) and
 //! the storm planner (`gateway plan-storm`). They reach a cluster only over its public and
 //! cluster listeners: no server module (node, ws, api, cluster, raft, store) is imported here.
 
 pub mod admin;
 pub mod bench;
+pub mod bootguard;
 pub mod plan;
 pub mod probe;
 pub mod scale;
