@@ -8,33 +8,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::ws::{Dial, Outcome, Ws};
+use common::ws::Dial;
 use common::{wait_until, Cluster, CLI_BOUND, SLACK, TIMING};
 use serde_json::Value;
 
 const DEVICES: usize = 8;
 /// Slow enough that the drain takes a couple of seconds (the window the second scale-in hits).
 const DRAIN_RATE: f64 = 4.0;
-
-/// Connects `device` the way a client does from `start`: follow 307, wait out Retry-After.
-fn connect(c: &Cluster, device: &str, token: &str, start: usize, attempt: &mut u64) -> Ws {
-    let mut node = start;
-    wait_until(TIMING.settle_bound(), &format!("{device} to connect"), || {
-        *attempt += 1;
-        match c.dial(node, &format!("/ws?attempt={attempt}"), &Dial::token(token)) {
-            Outcome::Open(ws) => Ok(ws),
-            Outcome::Refused(r) if r.status == 307 => {
-                let to = r.header("location").unwrap_or_default().to_string();
-                node = (0..c.nodes.len()).find(|i| to.starts_with(&c.public_url(*i))).unwrap_or(start);
-                Err(format!("redirected to {to}"))
-            }
-            Outcome::Refused(r) => {
-                std::thread::sleep(Duration::from_secs(r.retry_after().unwrap_or(1))); // Retry-After is the protocol
-                Err(format!("{} {}", r.status, r.error()))
-            }
-        }
-    })
-}
 
 fn events(c: &Cluster, via: usize) -> Vec<Value> {
     let out = c.cli_auth(&["events", "--cluster", &c.nodes[via].cluster_addr_str(), "--json"]);
@@ -103,7 +83,7 @@ fn scale_in_moves_every_device_removes_the_node_and_refuses_a_second_one() {
         assert_eq!(goaway["t"], "goaway", "{goaway}");
         let (_, code, _) = ws.expect_close(SLACK, &format!("{device} close"));
         assert_eq!(code, 1001);
-        let mut ws = connect(&c, &device, &token, 0, &mut attempt);
+        let mut ws = c.connect_following(&device, &token, 0, &mut attempt);
         let hello = ws.hello();
         assert_ne!(hello["node"], "n3", "{device} placed on the node being removed: {hello}");
         moved.push((device, ws));

@@ -7,8 +7,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::ws::{Dial, Event, Outcome, Ws};
-use common::{wait_until, Cluster, Start, TIMING};
+use common::ws::{Event, Ws};
+use common::{Cluster, Start, TIMING};
 
 const BEFORE: usize = 12;
 const AFTER: usize = 16;
@@ -16,23 +16,7 @@ const AFTER: usize = 16;
 /// Connects a new device as a client does (from node `start`, following 307): the node it got.
 fn connect(c: &Cluster, device: &str, start: usize) -> (Ws, String) {
     let token = c.token(device, 0);
-    let mut node = start;
-    let mut attempt = 0;
-    let mut ws = wait_until(TIMING.settle_bound(), &format!("{device} to connect"), || {
-        attempt += 1;
-        match c.dial(node, &format!("/ws?attempt={attempt}"), &Dial::token(&token)) {
-            Outcome::Open(ws) => Ok(ws),
-            Outcome::Refused(r) if r.status == 307 => {
-                let to = r.header("location").unwrap_or_default().to_string();
-                node = (0..c.nodes.len()).find(|i| to.starts_with(&c.public_url(*i))).unwrap_or(start);
-                Err(format!("redirected to {to}"))
-            }
-            Outcome::Refused(r) => {
-                std::thread::sleep(Duration::from_secs(r.retry_after().unwrap_or(1))); // Retry-After is the protocol
-                Err(format!("{} {}", r.status, r.error()))
-            }
-        }
-    });
+    let mut ws = c.connect_following(device, &token, start, &mut 0);
     let hello = ws.hello();
     let name = hello["node"].as_str().unwrap_or_default().to_string();
     (ws, name)

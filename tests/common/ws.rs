@@ -433,6 +433,28 @@ impl Cluster {
         dial(self.public_addr(i), path_and_query, how)
     }
 
+    /// Connects a device as a client does: from node `start`, following 307s, honouring
+    /// Retry-After on refusals, a new `attempt` per dial, until `TIMING.settle_bound()`.
+    pub fn connect_following(&self, device: &str, token: &str, start: usize, attempt: &mut u64) -> Ws {
+        let mut node = start;
+        super::wait_until(super::TIMING.settle_bound(), &format!("{device} to connect"), || {
+            *attempt += 1;
+            match self.dial(node, &format!("/ws?attempt={attempt}"), &Dial::token(token)) {
+                Outcome::Open(ws) => Ok(ws),
+                Outcome::Refused(r) if r.status == 307 => {
+                    let to = r.header("location").unwrap_or_default().to_string();
+                    node = (0..self.nodes.len()).find(|i| to.starts_with(&self.public_url(*i))).unwrap_or(start);
+                    Err(format!("redirected to {to}"))
+                }
+                Outcome::Refused(r) => {
+                    // Retry-After is the protocol's own wait, not a test's guess.
+                    std::thread::sleep(Duration::from_secs(r.retry_after().unwrap_or(1)));
+                    Err(format!("{} {}", r.status, r.error()))
+                }
+            }
+        })
+    }
+
     /// A plain (non-upgrade) request to node `i`'s public listener.
     pub fn public_get(&self, i: usize, path: &str, token: Option<&str>) -> http::Response {
         let auth = token.map(|t| format!("Bearer {t}"));
