@@ -150,10 +150,9 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
             return g.refuse(Refusal::unavailable("at_capacity").message(msg));
         }
     };
-    let (lane, answers) = g.upstream.lane(&device, tenant.clone());
     let claim = Claim { device: device.clone(), node: me, conn, epoch, attempt };
     let started = std::time::Instant::now();
-    let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant)).await;
+    let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant.clone())).await;
     g.metrics.claim_seconds.observe(started.elapsed().as_secs_f64());
     g.overload.observe(started.elapsed(), std::time::Instant::now());
     let accepted = match outcome {
@@ -221,26 +220,27 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         g.sync_pages.clone(),
     );
     let gate = g.clone();
-    let cfg = g.session.clone();
+    let ups = session::Ups { service: g.upstream.clone(), device: device.clone(), tenant };
+    // Boxed: awaited from the task's own future, it would be held there twice (as the captured
+    // value and as the value being awaited).
+    let running = Box::pin(session::run(upgrade, hello.to_json(), mailbox, cursor, g.session.clone(), ups));
     g.metrics.connections.inc();
     let span = tracing::debug_span!("session", %device, conn);
-    g.tasks.spawn(tracing::Instrument::instrument(
-        async move {
-            let _registration = registration;
-            let ups = session::Ups { service: gate.upstream.clone(), lane, answers };
-            let ended = session::run(upgrade, hello, mailbox, cursor, cfg, ups).await;
-            if ended == Ended::Closed(close::SUPERSEDED) {
-                gate.metrics.kicks.inc();
-            }
-            // Best effort: a superseded or swept route is no longer ours, and Release is conn-checked.
-            if !matches!(ended, Ended::Closed(close::SUPERSEDED) | Ended::Closed(close::ROUTE_LOST)) {
-                release(&gate, &device, conn).await;
-            }
-            gate.metrics.connections.dec();
-            tracing::debug!(?ended, "session ended");
-        },
-        span,
-    ));
+    let session_task = async move {
+        let _registration = registration;
+        let ended = running.await;
+        if ended == Ended::Closed(close::SUPERSEDED) {
+            gate.metrics.kicks.inc();
+        }
+        // Best effort: a superseded or swept route is no longer ours, and Release is conn-checked.
+        // Boxed: the release's future is larger than an idle session's.
+        if !matches!(ended, Ended::Closed(close::SUPERSEDED) | Ended::Closed(close::ROUTE_LOST)) {
+            Box::pin(release(&gate, &device, conn)).await;
+        }
+        gate.metrics.connections.dec();
+        tracing::debug!(?ended, "session ended");
+    };
+    g.tasks.spawn(tracing::Instrument::instrument(session_task, span));
     let (parts, _) = response.into_parts();
     Response::from_parts(parts, Full::new(Bytes::new()))
 }

@@ -1,35 +1,41 @@
-//! One device session after the upgrade: a reader task and a writer task. `read_frame` is not
-//! cancel-safe, so the reader never sits in a `select!`; every frame it must answer (pong, close
-//! echo, a reply) goes through the writer's queue, and the reader waits for room there: a device
-//! that does not read its replies stops being read. The writer pings every `ping_ms`, closes
-//! after `idle_ms` without traffic, obeys [`Control`] commands (kicks, drain, fencing), and sends
-//! a `sync` one page at a time between them. Memory per session is bounded in bytes: one message
-//! being read (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small
-//! frames: replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one
-//! sync page ([`super::stream::PAGE_BYTES`], held against the node's `--sync-buffer-bytes`: a page
+//! One device session after the upgrade, in one task: a session loop, and the reader as a
+//! future it polls. `read_frame` is not cancel-safe, so the reader is pinned for the session's
+//! life and polled by reference as one branch of the loop's `select!` (never dropped mid-frame
+//! while the session lives); every frame it must answer (pong, close echo, a reply) goes through
+//! the reply queue, and the reader waits for room there: a device that does not read its replies
+//! stops being read. The loop pings every `ping_ms`, closes after `idle_ms` without traffic,
+//! obeys [`Control`] commands (kicks, drain, fencing), and sends a `sync` one page at a time
+//! between them. Memory per session is bounded in bytes: one message being read
+//! (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small frames:
+//! replies never quote the device), the mailbox (`send_queue_bytes` of payloads) and one sync
+//! page ([`super::stream::PAGE_BYTES`], held against the node's `--sync-buffer-bytes`: a page
 //! that finds no room waits, and the device is told `sync_busy`). `up` frames are handed to
 //! [`Upstream::submit`] (refusals answered at once like any reply); the answers of admitted ones
 //! come back on the session's lane, at most `--upstream-max-in-flight-per-device` small frames.
-
+//! An idle session holds no lane, no write state and no timer beyond its ping interval.
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fastwebsockets::upgrade::UpgradeFut;
-use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead};
+use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead, WebSocketWrite};
 use tokio::sync::mpsc;
+use tokio::time::Sleep;
+use tokio_util::sync::CancellationToken;
 
 use super::registry::{Control, Mailbox};
 use super::stream::{Page, StreamCursor};
 use crate::protocol::{close, ClientFrame, ServerFrame};
 use crate::upstream::{Answer, Lane, Upstream};
 
-/// The session's way to the backend: `up` frames are handed to `service` on `lane`; answers
-/// come back on `answers` (bounded by the device's in-flight limit) and are written in turn.
+/// The session's way to the backend: `up` frames are handed to `service` on a lane opened on the
+/// device's first `up` (an idle session holds none); its answers come back on that lane (bounded
+/// by the device's in-flight limit) and are written in turn.
 pub struct Ups {
     pub service: Arc<Upstream>,
-    pub lane: Lane,
-    pub answers: mpsc::Receiver<Box<Answer>>,
+    pub device: String,
+    pub tenant: Option<String>,
 }
 
 /// Per-session limits.
@@ -61,16 +67,93 @@ fn text(s: String) -> Frame<'static> {
     Frame::text(Payload::Owned(s.into_bytes()))
 }
 
-/// Runs the session until it closes. `hello` is the first frame sent.
+/// The receiver of the up lane, once the reader opened it.
+type AnswerSlot = Mutex<Option<mpsc::Receiver<Box<Answer>>>>;
+
+fn lock(slot: &AnswerSlot) -> std::sync::MutexGuard<'_, Option<mpsc::Receiver<Box<Answer>>>> {
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The next answer on the lane; pending while no lane is open. The lock is held only inside
+/// `poll`, never across an await.
+fn next_answer(slot: &AnswerSlot) -> impl std::future::Future<Output = Option<Box<Answer>>> + '_ {
+    std::future::poll_fn(move |cx| match lock(slot).as_mut() {
+        Some(rx) => rx.poll_recv(cx),
+        None => std::task::Poll::Pending,
+    })
+}
+
+/// Resolves when the timer (if any) fires; pending forever without one.
+async fn fired(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(t) => t.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How writing a batch of frames ended.
+enum Wrote {
+    /// All written; go on.
+    Ok,
+    /// A close frame was written, or a write failed or timed out.
+    Over,
+    /// The mailbox overflowed while a write was blocked: the socket is mid-frame.
+    Stuck,
+    /// A kick was not written within [`KICK_GRACE`]: end with this code.
+    Kicked(u16),
+}
+
+/// Writes `frames` in order. Boxed by its caller: an idle session's future does not carry a
+/// write's state.
+async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
+    tx: &mut WebSocketWrite<W>,
+    frames: Vec<Frame<'static>>,
+    mailbox: (&CancellationToken, &CancellationToken, &mut mpsc::Receiver<Box<Control>>),
+    write_timeout: Duration,
+) -> Wrote {
+    let (overflow, kicked, ctl_rx) = mailbox;
+    for frame in frames {
+        let is_close = frame.opcode == OpCode::Close;
+        let written = tokio::select! {
+            r = tokio::time::timeout(write_timeout, tx.write_frame(frame)) => r,
+            // A device that stopped reading blocks the write itself: its queue overflowing
+            // ends the session now, not after the write timeout, and so does a kick that the
+            // write does not finish within KICK_GRACE of. The socket is mid-frame, so no
+            // close frame can follow; the device recovers by sync on reconnect.
+            _ = overflow.cancelled() => return Wrote::Stuck,
+            _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
+                // Ended with the close it was told to send (4001 counts as a kick, and a
+                // superseded route is not released).
+                let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match *ctl {
+                    Control::Close { code, .. } => Some(code),
+                    Control::Goaway { .. } => Some(close::GOING_AWAY),
+                    _ => None,
+                });
+                return Wrote::Kicked(code.unwrap_or(close::TRY_AGAIN_LATER));
+            }
+        };
+        match written {
+            Ok(Ok(())) if !is_close => {}
+            _ => return Wrote::Over, // echoed the peer's close, or the write failed / stalled
+        }
+    }
+    Wrote::Ok
+}
+
+/// Runs the session until it closes. `hello` is the first frame sent (its JSON).
+///
+/// One task drives both halves: the reader is a future pinned here and polled, by reference,
+/// as one branch of the loop's `select!`, so it is never dropped mid-frame while the session
+/// lives (it is dropped with the session, as an aborted reader task was). What is rarely awaited
+/// (writes, sync pages, the close) is boxed, so that an idle session's future stays small.
 pub async fn run(
     upgrade: UpgradeFut,
-    hello: ServerFrame,
+    hello: String,
     mailbox: Mailbox,
     mut cursor: StreamCursor,
     cfg: SessionConfig,
     ups: Ups,
 ) -> Ended {
-    let Ups { service, lane, answers: mut up_answers } = ups;
     let Mailbox { tx: ctl_tx, rx: mut ctl_rx, overflow, kicked, queued } = mailbox;
     let mut ws = match upgrade.await {
         Ok(ws) => ws,
@@ -89,14 +172,14 @@ pub async fn run(
         (Capped(r), w)
     });
     let started = Instant::now();
-    let last_seen_ms = Arc::new(AtomicU64::new(0));
+    let last_seen_ms = AtomicU64::new(0);
+    let answers: AnswerSlot = Mutex::new(None);
     // Boxed frames: tokio allocates a 32-slot block per channel up front, and an idle session
     // should hold 32 pointers there, not 32 frames.
     let (out_tx, mut out_rx) = mpsc::channel::<Box<Frame<'static>>>(cfg.send_queue.max(4));
-    // Owned by this session: awaited or aborted below, never left behind.
-    let ups = (service, lane);
-    let reading = read_loop(rx, out_tx, ctl_tx, ups, last_seen_ms.clone(), started, cfg.max_message_bytes);
-    let mut reader = tokio::spawn(tracing::Instrument::in_current_span(reading));
+    let reading = read_loop(rx, out_tx, ctl_tx, ups, (&answers, &last_seen_ms), started, cfg.max_message_bytes);
+    tokio::pin!(reading);
+    let mut read_done = false;
 
     let write_timeout = Duration::from_millis(cfg.idle_ms.max(1000));
     let mut ended = Ended::Peer;
@@ -104,21 +187,24 @@ pub async fn run(
     ping.tick().await;
     let mut close_with: Option<(u16, String)> = None;
     let mut stuck = false;
-    if tokio::time::timeout(write_timeout, tx.write_frame(text(hello.to_json()))).await.map_or(true, |r| r.is_err()) {
-        reader.abort();
+    if Box::pin(tokio::time::timeout(write_timeout, tx.write_frame(text(hello)))).await.map_or(true, |r| r.is_err()) {
         return Ended::Peer;
     }
     // Live pushes wait this long for the device's first sync (see StreamCursor::stop_waiting).
-    let sync_grace = tokio::time::sleep(SYNC_GRACE);
-    tokio::pin!(sync_grace);
+    let mut sync_grace = Some(Box::pin(tokio::time::sleep(SYNC_GRACE)));
     // A sync the page budget refused waits here; the device is told once per pause streak.
-    let sync_resume = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(sync_resume);
-    let (mut sync_paused, mut busy_told) = (false, false);
+    let mut sync_resume: Option<Pin<Box<Sleep>>> = None;
+    let mut busy_told = false;
     'session: loop {
+        if !cursor.awaiting_sync() {
+            sync_grace = None;
+        }
         // The sync page being written holds its bytes of the node's budget until the writes end.
         let mut page_permit = None;
-        // Biased: a close the reader asked for must win over the reader's channel closing.
+        let sync_paused = sync_resume.is_some();
+        // Biased: a close the reader asked for must win over the reader's channel closing; the
+        // reader comes before the up answers (it opens their lane) and before the sync pages (a
+        // long sync must not starve it).
         let frames: Vec<Frame<'static>> = tokio::select! {
             biased;
             _ = overflow.cancelled() => {
@@ -132,7 +218,7 @@ pub async fn run(
                 }
                 Some(Control::Goaway { reason }) => {
                     let goaway = text(ServerFrame::Goaway { reason: reason.clone() }.to_json());
-                    let _ = tokio::time::timeout(write_timeout, tx.write_frame(goaway)).await;
+                    let _ = Box::pin(tokio::time::timeout(write_timeout, tx.write_frame(goaway))).await;
                     close_with = Some((close::GOING_AWAY, reason));
                     break;
                 }
@@ -171,8 +257,14 @@ pub async fn run(
                     _ => break,
                 },
             },
+            // The reader returns when the peer closed or the connection failed; its sender
+            // dropped, `out` then ends the loop (after what it queued).
+            () = &mut reading, if !read_done => {
+                read_done = true;
+                continue;
+            }
             // Taking the answer frees its slot of the device's in-flight bound.
-            Some(answer) = up_answers.recv() => vec![text(answer.frame.to_json())],
+            Some(answer) = next_answer(&answers) => vec![text(answer.frame.to_json())],
             _ = ping.tick() => {
                 let idle = (started.elapsed().as_millis() as u64).saturating_sub(last_seen_ms.load(Ordering::Relaxed));
                 if idle > cfg.idle_ms {
@@ -182,13 +274,16 @@ pub async fn run(
                 cursor.flush_ack();
                 vec![Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))]
             }
-            _ = &mut sync_grace, if cursor.awaiting_sync() => cursor.stop_waiting().into_iter().map(text).collect(),
+            _ = fired(&mut sync_grace), if cursor.awaiting_sync() => {
+                sync_grace = None;
+                cursor.stop_waiting().into_iter().map(text).collect()
+            }
             // Lowest priority: the next page of a sync, between everything else.
-            _ = &mut sync_resume, if sync_paused => {
-                sync_paused = false;
+            _ = fired(&mut sync_resume), if sync_paused => {
+                sync_resume = None;
                 continue;
             }
-            _ = std::future::ready(()), if cursor.syncing() && !sync_paused => match cursor.sync_page().await {
+            _ = std::future::ready(()), if cursor.syncing() && !sync_paused => match Box::pin(cursor.sync_page()).await {
                 Page::Frames(frames, permit) => {
                     page_permit = permit;
                     busy_told = false;
@@ -196,8 +291,7 @@ pub async fn run(
                 }
                 Page::Busy => {
                     let wait = cursor.retry_after(started.elapsed().as_nanos() as u64);
-                    sync_resume.as_mut().reset(tokio::time::Instant::now() + wait);
-                    sync_paused = true;
+                    sync_resume = Some(Box::pin(tokio::time::sleep(wait)));
                     if std::mem::replace(&mut busy_told, true) {
                         continue;
                     }
@@ -205,55 +299,39 @@ pub async fn run(
                 }
             },
         };
-        for frame in frames {
-            let is_close = frame.opcode == OpCode::Close;
-            let written = tokio::select! {
-                r = tokio::time::timeout(write_timeout, tx.write_frame(frame)) => r,
-                // A device that stopped reading blocks the write itself: its queue overflowing
-                // ends the session now, not after the write timeout, and so does a kick that the
-                // write does not finish within KICK_GRACE of. The socket is mid-frame, so no
-                // close frame can follow; the device recovers by sync on reconnect.
-                _ = overflow.cancelled() => {
-                    stuck = true;
-                    break 'session;
-                }
-                _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
-                    // Ended with the close it was told to send (4001 counts as a kick, and a
-                    // superseded route is not released).
-                    let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match *ctl {
-                        Control::Close { code, .. } => Some(code),
-                        Control::Goaway { .. } => Some(close::GOING_AWAY),
-                        _ => None,
-                    });
-                    cursor.flush_ack();
-                    reader.abort();
-                    return Ended::Closed(code.unwrap_or(close::TRY_AGAIN_LATER));
-                }
-            };
-            match written {
-                Ok(Ok(())) if !is_close => {}
-                _ => break 'session, // echoed the peer's close, or the write failed / stalled
+        match Box::pin(write_frames(&mut tx, frames, (&overflow, &kicked, &mut ctl_rx), write_timeout)).await {
+            Wrote::Ok => {}
+            Wrote::Over => break 'session,
+            Wrote::Stuck => {
+                stuck = true;
+                break 'session;
+            }
+            Wrote::Kicked(code) => {
+                cursor.flush_ack();
+                return Ended::Closed(code);
             }
         }
         drop(page_permit);
     }
     cursor.flush_ack();
     if stuck {
-        reader.abort();
         return Ended::Closed(close::TRY_AGAIN_LATER);
     }
-    if let Some((code, reason)) = close_with {
-        let _ = tokio::time::timeout(write_timeout, tx.write_frame(Frame::close(code, reason.as_bytes()))).await;
-        ended = Ended::Closed(code);
-    }
-    let _ = tokio::time::timeout(write_timeout, tx.flush()).await;
-    // Give the peer a moment to echo our close (the reader returns on it), then drop the
-    // connection; the reader may be blocked in `read_frame`, so it is aborted, not awaited forever.
-    if ended != Ended::Peer {
-        let _ = tokio::time::timeout(CLOSE_LINGER, &mut reader).await;
-    }
-    reader.abort();
-    ended
+    let closing = async {
+        if let Some((code, reason)) = close_with {
+            let _ = tokio::time::timeout(write_timeout, tx.write_frame(Frame::close(code, reason.as_bytes()))).await;
+            ended = Ended::Closed(code);
+        }
+        let _ = tokio::time::timeout(write_timeout, tx.flush()).await;
+        // Give the peer a moment to echo our close (the reader returns on it), then drop the
+        // connection; the reader may be blocked in `read_frame`, so it is dropped, not awaited
+        // forever.
+        if ended != Ended::Peer && !read_done {
+            let _ = tokio::time::timeout(CLOSE_LINGER, reading.as_mut()).await;
+        }
+        ended
+    };
+    Box::pin(closing).await
 }
 
 /// How long a closing session waits for the peer's close echo.
@@ -271,13 +349,15 @@ const MAX_FRAGMENTS: usize = 1024;
 /// Reassembles messages from the raw read half, bounding the whole message (not just each frame)
 /// by `max_bytes` and its number of fragments by [`MAX_FRAGMENTS`]. After asking the writer to
 /// close, it keeps reading and discarding until the peer's close echo, so that the close frame is
-/// not lost to a TCP reset caused by unread data.
+/// not lost to a TCP reset caused by unread data. Opens the up lane on the first `up` and puts
+/// its receiver in `answers`. Yields after each message it hands to the mailbox, so that the
+/// session loop (in the same task) drains it between a flood's frames.
 async fn read_loop<S>(
     mut rx: WebSocketRead<S>,
     out: mpsc::Sender<Box<Frame<'static>>>,
     ctl: mpsc::Sender<Box<Control>>,
-    (upstream, lane): (Arc<Upstream>, Lane),
-    last_seen_ms: Arc<AtomicU64>,
+    mut ups: Ups,
+    (answers, last_seen_ms): (&AnswerSlot, &AtomicU64),
     started: Instant,
     max_bytes: usize,
 ) where
@@ -286,6 +366,7 @@ async fn read_loop<S>(
     let request_close = |code: u16, reason: &str| {
         let _ = ctl.try_send(Box::new(Control::Close { code, reason: reason.to_string() }));
     };
+    let mut lane: Option<Lane> = None;
     let mut partial: Option<(OpCode, Vec<u8>, usize)> = None;
     let mut closing = false;
     loop {
@@ -335,21 +416,30 @@ async fn read_loop<S>(
                     }
                     Ok(text) => match serde_json::from_str::<ClientFrame>(text) {
                         Ok(ClientFrame::Ping) => ServerFrame::Pong,
-                        // The writer owns the stream cursor: hand these over (dropped if its
-                        // queue is full — a device flooding syncs gets no more than that).
+                        // The session loop owns the stream cursor: hand these over (dropped if
+                        // its queue is full — a device flooding syncs gets no more than that).
                         Ok(ClientFrame::Sync { after }) => {
                             let _ = ctl.try_send(Box::new(Control::Sync { after }));
+                            tokio::task::yield_now().await;
                             continue;
                         }
                         Ok(ClientFrame::Ack { seq }) => {
                             let _ = ctl.try_send(Box::new(Control::Ack { seq }));
+                            tokio::task::yield_now().await;
                             continue;
                         }
                         // Admitted ups are answered later on the lane; refusals right here.
-                        Ok(ClientFrame::Up { id, payload }) => match upstream.submit(&lane, id, &payload) {
-                            Some(refusal) => refusal,
-                            None => continue,
-                        },
+                        Ok(ClientFrame::Up { id, payload }) => {
+                            let lane = lane.get_or_insert_with(|| {
+                                let (lane, rx) = ups.service.lane(&ups.device, ups.tenant.take());
+                                *lock(answers) = Some(rx);
+                                lane
+                            });
+                            match ups.service.submit(lane, id, &payload) {
+                                Some(refusal) => refusal,
+                                None => continue,
+                            }
+                        }
                         Err(e) => ServerFrame::Error { error: unknown_frame(&e) },
                     },
                 };
