@@ -143,8 +143,12 @@ pub fn live(l: &Live<'_>) -> String {
     s
 }
 
-/// `HH:MM:SS` UTC of a Unix time in milliseconds.
+/// `HH:MM:SS` UTC of a Unix time in milliseconds; `--:--:--` for 0 (the bootstrap's membership
+/// entry applies before any leader stamped a time).
 fn clock(at_ms: u64) -> String {
+    if at_ms == 0 {
+        return "--:--:--".into();
+    }
     let secs = at_ms / 1000;
     format!("{:02}:{:02}:{:02}Z", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
@@ -186,4 +190,14 @@ fn script() -> String {
          .catch(function(e){{u.className='stale';u.textContent='stale: '+e.message;}});}}\
          setInterval(tick,{REFRESH_MS});}})();"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_are_utc_and_an_unstamped_event_has_none() {
+        assert_eq!(super::clock(3_723_000), "01:02:03Z");
+        assert_eq!(super::clock(86_400_000 + 59_000), "00:00:59Z");
+        assert_eq!(super::clock(0), "--:--:--");
+    }
 }
