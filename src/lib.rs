@@ -9,7 +9,8 @@
 //!   interface, the apply events, and the cluster event log apply records.
 //! - [`store`] the redb schema: `log.redb` (Raft log, vote) and `state.redb`, whose tables are
 //!   listed once (`store::schema`) for open, snapshot dump, install and clear.
-//! - [`raft`] openraft adapters: type config, log store and state machine over `store`, HTTP
+//! - [`raft`] openraft adapters: type config, log store (with its in-memory tail, which the
+//!   leader's replication reads) and state machine over `store`, HTTP
 //!   network client, the receiving side of Raft RPC.
 //! - [`view`] `ClusterView`: the applied members, leases and ring every decision reads.
 //! - [`cluster`] the typed port [`cluster::Handle`] (claim, release, publish, ack, renew, route,
