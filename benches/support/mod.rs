@@ -242,15 +242,8 @@ pub fn rss(pid: u32) -> u64 {
 /// CPU time (user + system) `pid` used so far, in microseconds; `None` if unreadable. `pid` 0
 /// is this process.
 pub fn cpu_us(pid: u32) -> Option<u64> {
-    let path = if pid == 0 { "/proc/self/stat".to_string() } else { format!("/proc/{pid}/stat") };
-    let stat = fs::read_to_string(path).ok()?;
-    // Fields after the command (which may hold spaces) start after its closing parenthesis;
-    // utime and stime are fields 14 and 15 (1-based), the 12th and 13th after it.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // /proc counts in USER_HZ, which Linux fixes at 100 for user space.
-    Some(ticks * 10_000)
+    let pid = if pid == 0 { "self".to_string() } else { pid.to_string() };
+    gateway::metrics::process::cpu_seconds_of(&pid).map(|s| (s * 1e6) as u64)
 }
 
 pub fn free_port() -> u16 {

@@ -108,14 +108,13 @@ async fn refresh_tenants(api: &Api) {
     let rows = rows
         .into_iter()
         .map(|(tenant, row)| {
-            // The row counts the period of its last entry: a period that ended since counts 0.
-            let current = row.policy.publishes.is_some_and(|q| now_ms / q.period_ms.max(1) == row.period);
-            let (used, granted) = if current { (row.used, row.granted) } else { (0, 0) };
+            // The row counts the period of its last entry: one that ended since counts nothing.
+            let row = row.as_of(now_ms);
             TenantUsage {
                 connections: row.connections,
                 max_connections: row.policy.max_connections,
-                publishes_used: used,
-                publishes_allowance: row.policy.publishes.map(|q| q.limit.saturating_add(granted)),
+                publishes_used: row.used,
+                publishes_allowance: row.allowance(),
                 tenant,
             }
         })

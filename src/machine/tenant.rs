@@ -41,6 +41,19 @@ impl TenantRow {
         self.policy.publishes.map(|q| q.limit.saturating_add(self.granted))
     }
 
+    /// This row as of cluster time `at_ms`: a copy moved to that period, as the next publish
+    /// would find it (a period that ended since counts nothing used and no grants).
+    pub fn as_of(&self, at_ms: u64) -> TenantRow {
+        let mut row = self.clone();
+        if let Some(q) = row.policy.publishes {
+            let period = at_ms / q.period_ms.max(1);
+            if period != row.period {
+                (row.period, row.used, row.granted) = (period, 0, 0);
+            }
+        }
+        row
+    }
+
     /// When the current period ends, in cluster ms.
     pub fn period_end_ms(&self) -> Option<u64> {
         self.policy.publishes.map(|q| self.period.saturating_add(1).saturating_mul(q.period_ms))
@@ -151,13 +164,10 @@ impl Apply for Grant {
 /// Moves `row` to the period of `at_ms`: a new period starts from zero, and the ledger keeps
 /// only the previous one besides.
 fn roll_period<T: Tables>(t: &mut T, tenant: &str, row: &mut TenantRow, at_ms: u64) -> Result<(), T::Error> {
-    let Some(q) = row.policy.publishes else { return Ok(()) };
-    let period = at_ms / q.period_ms.max(1);
-    if period != row.period {
-        row.period = period;
-        row.used = 0;
-        row.granted = 0;
-        t.prune_ledger(tenant, period.saturating_sub(1))?;
+    let rolled = row.as_of(at_ms);
+    if rolled.period != row.period {
+        *row = rolled;
+        t.prune_ledger(tenant, row.period.saturating_sub(1))?;
     }
     Ok(())
 }

@@ -49,7 +49,13 @@ impl Sample {
 /// This process's CPU time (user + system) in seconds, from `/proc/self/stat` alone: cheap
 /// enough to read every second (the scaling hint's CPU signal).
 pub fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_seconds_of("self")
+}
+
+/// The CPU time (user + system) in seconds of process `pid` (a number, or `self`), from
+/// `/proc/<pid>/stat` (the benches read their nodes' with it).
+pub fn cpu_seconds_of(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat_times(&stat).map(|(user, system, _)| (user + system) as f64 / USER_HZ)
 }
 
