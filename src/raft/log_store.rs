@@ -34,12 +34,17 @@ impl LogStore {
     }
 
     fn tail(&self) -> std::sync::MutexGuard<'_, Tail> {
-        self.tail.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.tail)
     }
 
     fn unsaved_committed(&self) -> std::sync::MutexGuard<'_, Option<Option<LogId>>> {
         self.unsaved_committed.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The tail, whether or not a holder panicked (it holds no invariant a panic could break).
+fn lock(tail: &Mutex<Tail>) -> std::sync::MutexGuard<'_, Tail> {
+    tail.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The inclusive index range `range` names, if it names any index.
@@ -128,7 +133,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let (db, tail) = (self.db.clone(), self.tail.clone());
         let res = blocking(ErrorSubject::Logs, ErrorVerb::Write, move || {
             db.append(&entries, committed.as_ref())?;
-            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            let mut tail = lock(&tail);
             entries.iter().for_each(|(_, e)| tail.push(e));
             Ok(())
         })

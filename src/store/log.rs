@@ -46,9 +46,10 @@ impl LogDb {
         Ok(v.map(|v| decode(v.value())).transpose()?)
     }
 
-    fn put_meta<T: Serialize>(&self, key: &str, value: &T, durability: Durability) -> Result<(), StoreError> {
+    /// Writes one meta row durably (the vote: it must survive a crash before it is answered).
+    fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(durability)?;
+        txn.set_durability(Durability::Immediate)?;
         txn.open_table(META)?.insert(key, encode(value)?.as_slice())?;
         txn.commit()?;
         Ok(())
@@ -133,7 +134,7 @@ impl LogDb {
     }
 
     pub fn save_vote<V: Serialize>(&self, vote: &V) -> Result<(), StoreError> {
-        self.put_meta(VOTE, vote, Durability::Immediate)
+        self.put_meta(VOTE, vote)
     }
 
     pub fn read_vote<V: DeserializeOwned>(&self) -> Result<Option<V>, StoreError> {
