@@ -17,6 +17,11 @@
 //! (publishing needs a stream, which the first claim creates), again via the leader and via all
 //! nodes. `HttpClient` has no way to add request headers, so publishes carry no `Idempotency-Key`
 //! (valid: the key is optional). Prints figures only, asserts nothing.
+//!
+//! Side by side in the same run, when PostgreSQL's server binaries and `pgbench` are installed
+//! (`support::postgres`): a throwaway PostgreSQL in the same temp dir, default durability, gets
+//! the seed design's claim transaction from `pgbench -c C` after each C's gateway rows; a summary
+//! prints gateway/PostgreSQL per C against issue 11's goal.
 
 mod support;
 
@@ -26,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use gateway::http::HttpClient;
 use serde_json::{json, Value};
+use support::postgres::{self, Postgres};
 use support::{loadavg, scrape, Cluster};
 
 const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
@@ -48,21 +54,30 @@ fn main() {
         loadavg()
     );
 
+    let pg = Postgres::start("claims");
+
     // A short warm-up so the first measured run does not pay for connection setup and page faults.
     rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
+    if let Some(pg) = &pg {
+        pg.run(8, 1);
+    }
 
     // Devices claimed at least once (one per claiming task), reused as publish targets.
     let mut claimed: Vec<String> = Vec::new();
-    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed);
+    let mut pg_runs = Vec::new();
+    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed, pg.as_ref().map(|p| (p, &mut pg_runs)));
+    // Prints the gateway/PostgreSQL summary; the server is stopped before the publish phase.
+    let postgres = pg.as_ref().map(|p| p.report(&pg_runs, &rows));
+    drop(pg);
     claimed.sort();
     claimed.dedup();
     let mut none = Vec::new();
-    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none);
+    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none, None);
     println!(
         "{}",
         json!({"bench": "claims", "fsync_us": fsync_us, "rtt_us": rtt_us, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
-               "publish": publish, "publish_idempotency_key": false})
+               "publish": publish, "publish_idempotency_key": false, "postgres": postgres})
     );
     drop(cluster);
 }
@@ -83,7 +98,8 @@ enum Op {
 }
 
 /// Prints a titled table, one row per (C, via), and returns the rows as JSON. Claim runs add the
-/// devices they claimed to `claimed`.
+/// devices they claimed to `claimed`; with `pg`, each C's gateway rows are followed by a PostgreSQL
+/// run, printed as a `pg` row and kept in its list.
 fn table(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
@@ -91,6 +107,7 @@ fn table(
     secs: u64,
     op: Op,
     claimed: &mut Vec<String>,
+    mut pg: Option<(&Postgres, &mut Vec<postgres::PgRun>)>,
 ) -> Vec<Value> {
     let (title, unit, per_fsync) = match &op {
         Op::Claim => ("claim", "claims/s", "claims/fsync"),
@@ -169,6 +186,11 @@ fn table(
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));
+        }
+        if let Some((pg, runs)) = pg.as_mut() {
+            let r = pg.run(c, secs);
+            println!("{}", r.line);
+            runs.push(r);
         }
     }
     rows

@@ -1,8 +1,11 @@
 //! What the benches share: a cluster of real `gateway` processes on loopback ephemeral ports
 //! (killed on drop, also on panic), `/metrics` scraping, and the machine figures printed beside
-//! each result (load average, resident memory of a pid).
+//! each result (load average, resident memory of a pid); `postgres` runs the claims bench's
+//! PostgreSQL reference.
 
 #![allow(dead_code)] // each bench uses its own subset
+
+pub mod postgres;
 
 use std::collections::HashMap;
 use std::fs::{self, File};

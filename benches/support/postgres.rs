@@ -1,0 +1,459 @@
+//! The PostgreSQL reference of the claims bench: a throwaway PostgreSQL server in the bench's temp
+//! dir (so on the disk the gateway nodes write to), listening on 127.0.0.1 only, driven by
+//! `pgbench` with a claim transaction that mirrors the gateway's claim rule. Stopped and removed on
+//! drop, also on panic. Absent binaries are a skip, not a failure.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{free_port, loadavg};
+
+/// The seed design's claim as one pgbench transaction on a fresh device (random over 10^15, so
+/// every claim, like every gateway claim in the bench, is a device's first): row lock on the floor,
+/// compare-and-upsert of the floor `(epoch, attempt)` with the version bumped, upsert of the route
+/// with that version, a notify of the new route, commit.
+const CLAIM_SQL: &str = r"\set dev random(1, 1000000000000000)
+\set node random(1, 3)
+\set conn random(1, 1000000000000)
+\set epoch 0
+\set attempt 1
+BEGIN;
+SELECT max_epoch, max_attempt, max_version FROM floors WHERE device = 'd' || :dev FOR UPDATE;
+INSERT INTO floors AS f (device, max_epoch, max_attempt, max_version, last_node)
+    VALUES ('d' || :dev, :epoch, :attempt, 1, :node)
+    ON CONFLICT (device) DO UPDATE
+        SET max_epoch = excluded.max_epoch, max_attempt = excluded.max_attempt,
+            max_version = f.max_version + 1, last_node = excluded.last_node
+        WHERE (f.max_epoch, f.max_attempt) < (excluded.max_epoch, excluded.max_attempt)
+    RETURNING max_version AS version \gset
+INSERT INTO routes (device, node, conn, version) VALUES ('d' || :dev, :node, :conn, :version)
+    ON CONFLICT (device) DO UPDATE SET node = excluded.node, conn = excluded.conn, version = excluded.version;
+SELECT pg_notify('routes', 'd' || :dev || ' ' || :node || ' ' || :conn || ' ' || :version);
+COMMIT;
+";
+
+/// The gateway's tables: floors, routes, and routes by node (the gateway's per-node index).
+const SCHEMA_SQL: &str = "
+CREATE TABLE floors (device text PRIMARY KEY, max_epoch bigint NOT NULL, max_attempt bigint NOT NULL,
+                     max_version bigint NOT NULL, last_node int NOT NULL);
+CREATE TABLE routes (device text PRIMARY KEY, node int NOT NULL, conn bigint NOT NULL, version bigint NOT NULL);
+CREATE INDEX routes_node ON routes (node);
+";
+
+/// Durability as shipped (both are PostgreSQL's defaults, given explicitly so the log shows them).
+pub const DURABILITY: [(&str, &str); 2] = [("fsync", "on"), ("synchronous_commit", "on")];
+
+/// A running throwaway server. Dropping it stops the server (`pg_ctl stop -m fast`, then SIGKILL)
+/// and removes its directory.
+pub struct Postgres {
+    dir: PathBuf,
+    data: PathBuf,
+    bin: PathBuf,
+    port: u16,
+    /// `setpriv` prefix that runs a server binary as the `postgres` user when we are root
+    /// (PostgreSQL refuses to run as root); empty otherwise.
+    as_owner: Vec<String>,
+    child: Option<Child>,
+    pub version: String,
+    /// Direct children of the postmaster when idle (checkpointer, walwriter, …).
+    idle_children: usize,
+}
+
+/// One pgbench run.
+pub struct PgRun {
+    pub c: usize,
+    pub claims_per_s: f64,
+    pub line: String,
+    pub json: Value,
+}
+
+impl Postgres {
+    /// Starts a server in a new directory under the temp dir, or prints why not and returns `None`.
+    pub fn start(tag: &str) -> Option<Postgres> {
+        let Some(bin) = find_bin() else {
+            println!("postgres reference: skipped (apt-get install postgresql)");
+            return None;
+        };
+        let as_owner = match owner_prefix() {
+            Ok(p) => p,
+            Err(why) => {
+                println!("postgres reference: skipped ({why})");
+                return None;
+            }
+        };
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("gateway-bench-{tag}-pg-{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&dir).expect("create postgres temp dir");
+        let mut pg = Postgres {
+            data: dir.join("data"),
+            dir,
+            bin,
+            port: free_port(),
+            as_owner,
+            child: None,
+            version: String::new(),
+            idle_children: 0,
+        };
+        if !pg.as_owner.is_empty() {
+            let out = Command::new("chown").arg("postgres:").arg(&pg.dir).output().expect("run chown");
+            assert!(out.status.success(), "chown postgres {}: {out:?}", pg.dir.display());
+        }
+        // initdb's own fsyncs only make the fresh cluster crash-safe; the server below runs with
+        // full durability.
+        let out = pg
+            .owner_cmd("initdb")
+            .arg("-D")
+            .arg(&pg.data)
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        let log = File::create(pg.dir.join("postgres.log")).expect("create postgres log");
+        let mut cmd = pg.owner_cmd("postgres");
+        cmd.arg("-D").arg(&pg.data);
+        let settings = [
+            ("listen_addresses", "127.0.0.1".to_string()),
+            ("port", pg.port.to_string()),
+            ("unix_socket_directories", pg.dir.display().to_string()),
+            ("max_connections", "300".to_string()),
+        ];
+        let durability = DURABILITY.iter().map(|(k, v)| (*k, v.to_string()));
+        for (k, v) in settings.into_iter().chain(durability) {
+            cmd.arg("-c").arg(format!("{k}={v}"));
+        }
+        cmd.stdout(Stdio::from(log.try_clone().expect("dup log"))).stderr(Stdio::from(log));
+        pg.child = Some(cmd.spawn().expect("spawn postgres"));
+        let start = Instant::now();
+        while pg.psql("SELECT 1").is_err() {
+            if let Some(st) = pg.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("postgres exited during startup: {st}");
+            }
+            assert!(start.elapsed() < super::SETTLE_BOUND, "postgres not ready on 127.0.0.1:{}", pg.port);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        pg.psql(SCHEMA_SQL).unwrap_or_else(|e| panic!("schema: {e}"));
+        fs::write(pg.dir.join("claim.sql"), CLAIM_SQL).expect("write claim.sql");
+        pg.version = pg.psql("SHOW server_version").unwrap_or_default();
+        let sync = pg.psql("SHOW wal_sync_method").unwrap_or_default();
+        pg.idle_children = pg.settle(usize::MAX);
+        println!(
+            "postgres reference: PostgreSQL {} ({}), 127.0.0.1:{}, data in {}, fsync=on synchronous_commit=on \
+             wal_sync_method={sync}, pgbench -M prepared, one fresh device per transaction",
+            pg.version,
+            pg.bin.display(),
+            pg.port,
+            pg.data.display()
+        );
+        Some(pg)
+    }
+
+    /// `pgbench -c c -T secs` of [`CLAIM_SQL`]; the row is printed by the caller in the claim table.
+    pub fn run(&self, c: usize, secs: u64) -> PgRun {
+        let load_before = loadavg();
+        let wal_before = self.wal_syncs();
+        let cpu_before = (self.server_cpu_us(), child_cpu_us());
+        let prefix = self.dir.join(format!("c{c}"));
+        let threads = c.min(std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+        let mut cmd = self.client_cmd("pgbench");
+        cmd.args(["-n", "-M", "prepared", "-c", &c.to_string(), "-j", &threads.to_string()])
+            .args(["-T", &secs.to_string(), "-l"])
+            .arg(format!("--log-prefix={}", prefix.display()))
+            .arg("-f")
+            .arg(self.dir.join("claim.sql"))
+            .arg("postgres");
+        let out = cmd.output().expect("run pgbench");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        self.settle(self.idle_children);
+        let cpu_after = (self.server_cpu_us(), child_cpu_us());
+        let wal_syncs = self.wal_syncs().zip(wal_before).map(|(a, b)| a - b);
+        let field = |key: &str| -> Option<f64> {
+            let line = stdout.lines().find(|l| l.starts_with(key))?;
+            line[key.len()..].split_whitespace().next()?.parse().ok()
+        };
+        let tps = field("tps = ").unwrap_or(f64::NAN);
+        let xacts = field("number of transactions actually processed: ").unwrap_or(0.0);
+        let failed = field("number of failed transactions: ").unwrap_or(0.0);
+        let latency_avg_ms = field("latency average = ").unwrap_or(f64::NAN);
+        let mut lat = transaction_latencies_us(&self.dir, &format!("c{c}."));
+        lat.sort_unstable();
+        let pct = |p: f64| match lat.len() {
+            0 => f64::NAN,
+            n => lat[((n - 1) as f64 * p).round() as usize] as f64 / 1000.0,
+        };
+        let per = |d: u64| d as f64 / xacts.max(1.0);
+        let cpu = (per(cpu_after.0.saturating_sub(cpu_before.0)), per(cpu_after.1.saturating_sub(cpu_before.1)));
+        let per_sync = wal_syncs.map_or(f64::NAN, |s| if s > 0 { xacts / s as f64 } else { f64::NAN });
+        let mut errors = String::new();
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            errors = format!("pgbench {}: {}", out.status, stderr.lines().last().unwrap_or(""));
+        } else if failed > 0.0 {
+            errors = format!("failed:{failed}");
+        }
+        let line = format!(
+            "{c:>3} | {:<6} | {tps:>9.0} | {:>7.2} | {:>7.2} | {:>12} | {:>13} | {per_sync:>15.2} | {:>4.0} {:>4} {:>4.0} | {}",
+            "pg",
+            pct(0.5),
+            pct(0.99),
+            "-",
+            "-",
+            cpu.0,
+            "-",
+            cpu.1,
+            if errors.is_empty() { "0" } else { &errors },
+        );
+        let json = json!({
+            "c": c, "via": "postgres", "threads": threads, "secs": secs, "claims": xacts, "claims_per_s": tps,
+            "latency_avg_ms": latency_avg_ms, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
+            "failed": failed, "wal_syncs": wal_syncs, "claims_per_wal_sync": per_sync,
+            "cpu_us_per_op": {"server": cpu.0, "loader": cpu.1}, "errors": errors,
+            "loadavg_before": load_before, "loadavg_after": loadavg(),
+        });
+        PgRun { c, claims_per_s: tps, line, json }
+    }
+
+    /// Prints the gateway/PostgreSQL summary and returns the reference's figures as JSON:
+    /// version, durability, the runs and the ratios.
+    pub fn report(&self, runs: &[PgRun], gateway: &[Value]) -> Value {
+        let durability: serde_json::Map<String, Value> =
+            DURABILITY.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        json!({"version": self.version, "durability": durability,
+               "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>(), "vs_gateway": summary(gateway, runs)})
+    }
+
+    /// A server binary, as the `postgres` user when we are root, working in our directory.
+    fn owner_cmd(&self, name: &str) -> Command {
+        let mut cmd = match self.as_owner.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(self.bin.join(name));
+                cmd
+            }
+            None => Command::new(self.bin.join(name)),
+        };
+        cmd.current_dir(&self.dir).stdin(Stdio::null());
+        scrub_pg_env(&mut cmd);
+        cmd
+    }
+
+    /// A client binary connected to the server over 127.0.0.1 (as whoever runs the bench).
+    fn client_cmd(&self, name: &str) -> Command {
+        let mut cmd = Command::new(self.bin.join(name));
+        scrub_pg_env(&mut cmd);
+        let port = self.port.to_string();
+        cmd.current_dir(&self.dir).stdin(Stdio::null()).args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"]);
+        cmd
+    }
+
+    /// Runs `sql` with `psql` (stop at the first error); stdout, unaligned and tuples only.
+    fn psql(&self, sql: &str) -> Result<String, String> {
+        let out = self
+            .client_cmd("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-c", sql])
+            .output()
+            .map_err(|e| format!("run psql: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// WAL syncs so far (`pg_stat_wal.wal_sync`, PostgreSQL 14+): commits a sync paid for.
+    fn wal_syncs(&self) -> Option<u64> {
+        self.psql("SELECT wal_sync FROM pg_stat_wal").ok()?.parse().ok()
+    }
+
+    fn postmaster(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// CPU time of the whole server so far (µs): the postmaster, its live children (auxiliary
+    /// processes, backends) and the exited backends it has reaped (`cutime`/`cstime`).
+    /// `cpu_seconds_of` counts a process alone, so this reads `/proc/<pid>/stat` itself.
+    fn server_cpu_us(&self) -> u64 {
+        let Some(pm) = self.postmaster() else { return 0 };
+        let mut total = stat(pm).map_or(0, |s| s.cpu_ticks);
+        total += children(pm).iter().filter_map(|&p| stat(p)).map(|s| s.cpu_ticks).sum::<u64>();
+        total * 10_000
+    }
+
+    /// Waits (up to 10 s) until the postmaster has at most `idle` children, i.e. the last run's
+    /// backends have exited and been reaped, so their CPU time is in the postmaster's `cutime`.
+    /// Returns the count it saw last.
+    fn settle(&self, idle: usize) -> usize {
+        let Some(pm) = self.postmaster() else { return 0 };
+        let start = Instant::now();
+        loop {
+            let n = children(pm).len();
+            if n <= idle || start.elapsed() > Duration::from_secs(10) {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // The log's tail before our own shutdown adds to it.
+        if std::thread::panicking() {
+            let log = fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            eprintln!("----- postgres log (tail) -----");
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = self
+                .owner_cmd("pg_ctl")
+                .arg("stop")
+                .arg("-D")
+                .arg(&self.data)
+                .args(["-m", "fast", "-w", "-t", "30"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let start = Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Gateway claims/s over PostgreSQL's per C, printed and returned as JSON. Issue 11's goal:
+/// ≥ 1× at 1 and 8 clients, ≥ 10× at 256.
+fn summary(gateway: &[Value], pg: &[PgRun]) -> Vec<Value> {
+    let rate = |c: usize, via: &str| {
+        gateway.iter().find(|r| r["c"] == c && r["via"] == via).and_then(|r| r["claims_per_s"].as_f64())
+    };
+    let header = format!(
+        "{:>3} | {:>14} | {:>11} | {:>10} | {:>14} | {:>11} | {}",
+        "C", "gateway leader", "gateway all", "postgres", "leader / pg", "all / pg", "goal"
+    );
+    println!("\nclaims/s against PostgreSQL, side by side\n{header}\n{}", "-".repeat(header.len() + 4));
+    let mut out = Vec::new();
+    for p in pg {
+        let (l, a) = (rate(p.c, "leader").unwrap_or(f64::NAN), rate(p.c, "all").unwrap_or(f64::NAN));
+        let goal = match p.c {
+            1 | 8 => Some(1.0),
+            256 => Some(10.0),
+            _ => None,
+        };
+        println!(
+            "{:>3} | {l:>14.0} | {a:>11.0} | {:>10.0} | {:>13.2}x | {:>10.2}x | {}",
+            p.c,
+            p.claims_per_s,
+            l / p.claims_per_s,
+            a / p.claims_per_s,
+            goal.map_or("-".to_string(), |g| format!(">= {g}x"))
+        );
+        out.push(json!({"c": p.c, "gateway_leader": l, "gateway_all": a, "postgres": p.claims_per_s,
+                        "ratio_leader": l / p.claims_per_s, "ratio_all": a / p.claims_per_s, "goal": goal}));
+    }
+    out
+}
+
+/// `CLAIMS_BENCH_PG_BIN` (a directory), else the newest `/usr/lib/postgresql/<ver>/bin` (Debian's
+/// layout) holding every binary the reference runs.
+fn find_bin() -> Option<PathBuf> {
+    let complete = |d: &Path| ["initdb", "pg_ctl", "postgres", "pgbench", "psql"].iter().all(|b| d.join(b).is_file());
+    if let Some(d) = std::env::var_os("CLAIMS_BENCH_PG_BIN") {
+        return Some(PathBuf::from(d)).filter(|d| complete(d));
+    }
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let ver = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((ver, e.path().join("bin")))
+        })
+        .filter(|(_, d)| complete(d))
+        .collect();
+    found.sort();
+    found.pop().map(|(_, d)| d)
+}
+
+/// Root must hand the server to the `postgres` user (`setpriv` execs, so the child we hold is the
+/// postmaster itself); anyone else runs it as themselves.
+fn owner_prefix() -> Result<Vec<String>, String> {
+    let status = fs::read_to_string("/proc/self/status").map_err(|e| format!("read /proc/self/status: {e}"))?;
+    let euid = status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().nth(1)?.parse::<u32>().ok());
+    if euid != Some(0) {
+        return Ok(Vec::new());
+    }
+    let id = |flag: &str| {
+        let out = Command::new("id").args([flag, "postgres"]).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    match (id("-u"), id("-g")) {
+        (Some(uid), Some(gid)) => Ok(vec![
+            "setpriv".into(),
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+            "--".into(),
+        ]),
+        _ => Err("running as root and there is no postgres user to run the server as".into()),
+    }
+}
+
+/// The environment must not point the tools at another server or add options.
+fn scrub_pg_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("PG") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+struct Stat {
+    ppid: u32,
+    /// utime + stime + cutime + cstime, in USER_HZ (100 Hz) ticks.
+    cpu_ticks: u64,
+}
+
+/// Fields 4 and 14–17 of `/proc/<pid>/stat` (counted after the last `)`, as the name may hold one).
+fn stat(pid: u32) -> Option<Stat> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s[s.rfind(')')? + 1..].split_whitespace().collect();
+    let n = |i: usize| f.get(i - 3)?.parse::<u64>().ok();
+    Some(Stat { ppid: n(4)? as u32, cpu_ticks: n(14)? + n(15)? + n(16)? + n(17)? })
+}
+
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| stat(p).is_some_and(|s| s.ppid == parent))
+        .collect()
+}
+
+/// CPU time (µs) of this process's exited and reaped children so far (pgbench, psql).
+fn child_cpu_us() -> u64 {
+    let Some(s) = fs::read_to_string("/proc/self/stat").ok() else { return 0 };
+    let Some(end) = s.rfind(')') else { return 0 };
+    let f: Vec<&str> = s[end + 1..].split_whitespace().collect();
+    let n = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (n(16) + n(17)) * 10_000
+}
+
+/// Per-transaction latencies (µs, third field) from pgbench's `-l` logs `<prefix><pid>[.<thread>]`,
+/// which are removed once read.
+fn transaction_latencies_us(dir: &Path, prefix: &str) -> Vec<u64> {
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with(prefix)) {
+        let text = fs::read_to_string(e.path()).unwrap_or_default();
+        out.extend(text.lines().filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok()));
+        let _ = fs::remove_file(e.path());
+    }
+    out
+}
