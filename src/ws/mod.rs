@@ -3,9 +3,11 @@
 //! never a raw command, the proposer, openraft or redb.
 
 pub mod admission;
+pub mod frames;
 pub mod handshake;
 pub mod overload;
 pub mod placement;
+pub mod queue;
 pub mod registry;
 pub mod session;
 pub mod stream;

@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use super::queue::{self, TrySendError};
 
 /// What a session is told to do from outside.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,10 +32,8 @@ pub enum Control {
 /// A session's end of its mailbox.
 #[derive(Debug)]
 pub struct Mailbox {
-    /// Boxed commands: the channel's first 32-slot block is allocated up front, so an idle
-    /// session holds 32 pointers there rather than 32 commands.
-    pub tx: mpsc::Sender<Box<Control>>,
-    pub rx: mpsc::Receiver<Box<Control>>,
+    pub tx: queue::Sender<Control>,
+    pub rx: queue::Receiver<Control>,
     /// Cancelled when the mailbox overflowed (a device not reading): it closes and recovers by
     /// `sync` on its next connection.
     pub overflow: CancellationToken,
@@ -47,7 +47,7 @@ pub struct Mailbox {
 #[derive(Debug)]
 struct Entry {
     device: String,
-    tx: mpsc::Sender<Box<Control>>,
+    tx: queue::Sender<Control>,
     /// The route version its claim got; None while the claim is pending.
     version: Option<u64>,
     overflow: CancellationToken,
@@ -117,7 +117,7 @@ impl Registry {
 
     /// Registers a session, unless `max_sessions` are registered already.
     pub fn register(&self, conn: u64, device: &str) -> Result<(Registration, Mailbox), Full> {
-        let (tx, rx) = mpsc::channel(self.limits.queue.max(4));
+        let (tx, rx) = queue::bounded(self.limits.queue.max(4));
         let (overflow, kicked, queued) = (CancellationToken::new(), CancellationToken::new(), Arc::default());
         let entry = Entry {
             device: device.to_string(),
@@ -153,7 +153,7 @@ impl Registry {
             return false;
         }
         let kick = matches!(ctl, Control::Close { .. } | Control::Goaway { .. });
-        match tx.try_send(Box::new(ctl)) {
+        match tx.try_send(ctl) {
             Ok(()) => {
                 if kick {
                     kicked.cancel();
@@ -162,7 +162,7 @@ impl Registry {
             }
             Err(e) => {
                 queued.fetch_sub(bytes, Ordering::Relaxed);
-                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                if matches!(e, TrySendError::Full(_)) {
                     overflow.cancel();
                 }
                 false
@@ -217,7 +217,7 @@ mod tests {
         assert!(!r.send(1, deliver(3, 1)));
         assert!(ma.overflow.is_cancelled());
         assert_eq!(ma.queued.load(Ordering::Relaxed), 100);
-        assert_eq!(*ma.rx.try_recv().unwrap(), deliver(1, 60));
+        assert_eq!(ma.rx.try_recv().unwrap(), deliver(1, 60));
         // Commands: four fit, the fifth overflows.
         for seq in 0..4 {
             assert!(r.send(2, Control::Ack { seq }));
@@ -241,7 +241,7 @@ mod tests {
         r.accepted(7, 3);
         assert_eq!(r.sessions()[0].version, Some(3));
         assert!(r.send(7, Control::Close { code: 4001, reason: "superseded".into() }));
-        assert_eq!(*rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
+        assert_eq!(rx.try_recv().unwrap(), Control::Close { code: 4001, reason: "superseded".into() });
         assert!(!r.send(8, Control::Goaway { reason: "drain".into() }));
         let waiting = r.clone();
         let empty = tokio::spawn(async move { waiting.wait_empty().await });

@@ -19,11 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fastwebsockets::upgrade::UpgradeFut;
-use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketRead, WebSocketWrite};
+use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketWrite};
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 
+use super::frames::{FrameReader, InFrame};
+use super::queue;
 use super::registry::{Control, Mailbox};
 use super::stream::{Page, StreamCursor};
 use crate::protocol::{close, ClientFrame, ServerFrame};
@@ -57,10 +59,6 @@ pub enum Ended {
     Peer,
     /// The upgrade itself failed.
     UpgradeFailed,
-}
-
-fn owned(f: Frame<'_>) -> Frame<'static> {
-    Frame::new(f.fin, f.opcode, None, Payload::Owned(f.payload.to_vec()))
 }
 
 fn text(s: String) -> Frame<'static> {
@@ -108,7 +106,7 @@ enum Wrote {
 async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
     tx: &mut WebSocketWrite<W>,
     frames: Vec<Frame<'static>>,
-    mailbox: (&CancellationToken, &CancellationToken, &mut mpsc::Receiver<Box<Control>>),
+    mailbox: (&CancellationToken, &CancellationToken, &mut queue::Receiver<Control>),
     write_timeout: Duration,
 ) -> Wrote {
     let (overflow, kicked, ctl_rx) = mailbox;
@@ -124,7 +122,7 @@ async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
             _ = async { kicked.cancelled().await; tokio::time::sleep(KICK_GRACE).await } => {
                 // Ended with the close it was told to send (4001 counts as a kick, and a
                 // superseded route is not released).
-                let code = std::iter::from_fn(|| ctl_rx.try_recv().ok()).find_map(|ctl| match *ctl {
+                let code = std::iter::from_fn(|| ctl_rx.try_recv()).find_map(|ctl| match ctl {
                     Control::Close { code, .. } => Some(code),
                     Control::Goaway { .. } => Some(close::GOING_AWAY),
                     _ => None,
@@ -155,28 +153,31 @@ pub async fn run(
     ups: Ups,
 ) -> Ended {
     let Mailbox { tx: ctl_tx, rx: mut ctl_rx, overflow, kicked, queued } = mailbox;
-    let mut ws = match upgrade.await {
+    let ws = match upgrade.await {
         Ok(ws) => ws,
         Err(e) => {
             tracing::debug!(error = %e, "websocket upgrade failed");
             return Ended::UpgradeFailed;
         }
     };
-    // fastwebsockets refuses a frame of exactly its limit; the whole-message bound is in read_loop.
-    ws.set_max_message_size(cfg.max_message_bytes + 1);
-    ws.set_auto_close(true);
-    // Pings are answered by read_loop, so that they count as traffic for the idle timer.
-    ws.set_auto_pong(false);
-    let (rx, mut tx) = ws.split(|io| {
-        let (r, w) = tokio::io::split(io);
-        (Capped(r), w)
-    });
+    // fastwebsockets writes; the device's frames are read by our own reader, which holds no
+    // buffer between frames (fastwebsockets' read half, and its 8 KiB, is dropped right here).
+    let (rx, mut tx) = {
+        let read_half = std::cell::Cell::new(None);
+        let (_unused, tx) = ws.split(|io| {
+            let (r, w) = tokio::io::split(io);
+            read_half.set(Some(r));
+            (tokio::io::empty(), w)
+        });
+        let r = read_half.take().expect("split hands over the read half");
+        // A frame of exactly the limit is refused; the whole-message bound is in read_loop.
+        (FrameReader::new(r, cfg.max_message_bytes + 1), tx)
+    };
     let started = Instant::now();
     let last_seen_ms = AtomicU64::new(0);
     let answers: AnswerSlot = Mutex::new(None);
-    // Boxed frames: tokio allocates a 32-slot block per channel up front, and an idle session
-    // should hold 32 pointers there, not 32 frames.
-    let (out_tx, mut out_rx) = mpsc::channel::<Box<Frame<'static>>>(cfg.send_queue.max(4));
+    // The reader's replies (pongs, answers, the close echo), bounded: the reader waits for room.
+    let (out_tx, mut out_rx) = queue::bounded::<Frame<'static>>(cfg.send_queue.max(4));
     let reading = read_loop(rx, out_tx, ctl_tx, ups, (&answers, &last_seen_ms), started, cfg.max_message_bytes);
     tokio::pin!(reading);
     let mut read_done = false;
@@ -211,7 +212,7 @@ pub async fn run(
                 close_with = Some((close::TRY_AGAIN_LATER, "send queue full: reconnect and sync".into()));
                 break;
             }
-            ctl = ctl_rx.recv() => match ctl.map(|c| *c) {
+            ctl = ctl_rx.recv() => match ctl {
                 Some(Control::Close { code, reason }) => {
                     close_with = Some((code, reason));
                     break;
@@ -246,11 +247,11 @@ pub async fn run(
                 None => break,
             },
             out = out_rx.recv() => match out {
-                Some(f) => vec![*f],
+                Some(f) => vec![f],
                 // The reader ended: the peer closed, the connection dropped, or the reader just
                 // asked for a close (1008/1009) that must still be sent.
-                None => match ctl_rx.try_recv().map(|c| *c) {
-                    Ok(Control::Close { code, reason }) => {
+                None => match ctl_rx.try_recv() {
+                    Some(Control::Close { code, reason }) => {
                         close_with = Some((code, reason));
                         break;
                     }
@@ -353,9 +354,9 @@ const MAX_FRAGMENTS: usize = 1024;
 /// its receiver in `answers`. Yields after each message it hands to the mailbox, so that the
 /// session loop (in the same task) drains it between a flood's frames.
 async fn read_loop<S>(
-    mut rx: WebSocketRead<S>,
-    out: mpsc::Sender<Box<Frame<'static>>>,
-    ctl: mpsc::Sender<Box<Control>>,
+    mut rx: FrameReader<S>,
+    out: queue::Sender<Frame<'static>>,
+    ctl: queue::Sender<Control>,
     mut ups: Ups,
     (answers, last_seen_ms): (&AnswerSlot, &AtomicU64),
     started: Instant,
@@ -364,18 +365,13 @@ async fn read_loop<S>(
     S: tokio::io::AsyncRead + Unpin,
 {
     let request_close = |code: u16, reason: &str| {
-        let _ = ctl.try_send(Box::new(Control::Close { code, reason: reason.to_string() }));
+        let _ = ctl.try_send(Control::Close { code, reason: reason.to_string() });
     };
     let mut lane: Option<Lane> = None;
     let mut partial: Option<(OpCode, Vec<u8>, usize)> = None;
     let mut closing = false;
     loop {
-        let out2 = out.clone();
-        let mut obligated = move |f: Frame<'_>| {
-            let (out, f) = (out2.clone(), Box::new(owned(f)));
-            async move { out.send(f).await.map_err(|_| WebSocketError::ConnectionClosed) }
-        };
-        let frame = match rx.read_frame(&mut obligated).await {
+        let frame = match rx.read_frame().await {
             Ok(f) => f,
             // The stream is mid-frame after these: nothing more can be parsed.
             Err(WebSocketError::FrameTooLarge) => {
@@ -394,7 +390,14 @@ async fn read_loop<S>(
         };
         last_seen_ms.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
         if frame.opcode == OpCode::Close {
-            return; // auto-close queued the echo (or this is the echo of ours)
+            // Echoed (or this is the echo of ours: the writer stops after its own close).
+            match close_echo(&frame.payload) {
+                Ok(echo) => {
+                    let _ = out.send(echo).await;
+                }
+                Err(e) => request_close(close::POLICY, &e.to_string()),
+            }
+            return;
         }
         if closing {
             continue;
@@ -403,7 +406,7 @@ async fn read_loop<S>(
             Ok(None) => {}
             Ok(Some(Incoming::Ping(payload))) => {
                 // Waits for room: a device that does not read its pongs stops being read.
-                if out.send(Box::new(Frame::pong(Payload::Owned(payload)))).await.is_err() {
+                if out.send(Frame::pong(Payload::Owned(payload))).await.is_err() {
                     return;
                 }
             }
@@ -419,12 +422,12 @@ async fn read_loop<S>(
                         // The session loop owns the stream cursor: hand these over (dropped if
                         // its queue is full — a device flooding syncs gets no more than that).
                         Ok(ClientFrame::Sync { after }) => {
-                            let _ = ctl.try_send(Box::new(Control::Sync { after }));
+                            let _ = ctl.try_send(Control::Sync { after });
                             tokio::task::yield_now().await;
                             continue;
                         }
                         Ok(ClientFrame::Ack { seq }) => {
-                            let _ = ctl.try_send(Box::new(Control::Ack { seq }));
+                            let _ = ctl.try_send(Control::Ack { seq });
                             tokio::task::yield_now().await;
                             continue;
                         }
@@ -445,7 +448,7 @@ async fn read_loop<S>(
                 };
                 // Waits for room: a device that does not read its replies stops being read (its
                 // writes then stall in its own socket buffers, not in this node's memory).
-                if out.send(Box::new(text(reply.to_json()))).await.is_err() {
+                if out.send(text(reply.to_json())).await.is_err() {
                     return;
                 }
             }
@@ -469,27 +472,22 @@ fn unknown_frame(e: &serde_json::Error) -> String {
     format!("unknown frame: {what} (line {}, column {})", e.line(), e.column())
 }
 
-/// Most bytes one read takes from a device's socket. fastwebsockets reads into a buffer that
-/// doubles whenever a read fills it, so a device writing far ahead of what the node processes
-/// would otherwise grow that buffer to whatever it wrote (measured: ~2.5 MiB per connection under
-/// a flood of 60 KB frames); capped, the buffer holds one message plus this much.
-const READ_CHUNK: usize = 4096;
-
-/// The read half of a device's socket, read [`READ_CHUNK`] bytes at a time.
-struct Capped<R>(R);
-
-impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Capped<R> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let mut chunk = [0u8; READ_CHUNK];
-        let room = buf.remaining().min(READ_CHUNK);
-        let mut limited = tokio::io::ReadBuf::new(&mut chunk[..room]);
-        std::task::ready!(std::pin::Pin::new(&mut self.0).poll_read(cx, &mut limited))?;
-        buf.put_slice(limited.filled());
-        std::task::Poll::Ready(Ok(()))
+/// The echo of a device's close frame: its code alone (never its reason: nothing a device sends
+/// is quoted back), or why the frame is refused (RFC 6455 §5.5.1, §7.4).
+fn close_echo(payload: &[u8]) -> Result<Frame<'static>, WebSocketError> {
+    match payload {
+        [] => Ok(Frame::close_raw(Payload::Owned(Vec::new()))),
+        [_] => Err(WebSocketError::InvalidCloseFrame),
+        [hi, lo, reason @ ..] => {
+            let code = u16::from_be_bytes([*hi, *lo]);
+            if std::str::from_utf8(reason).is_err() {
+                Err(WebSocketError::InvalidUTF8)
+            } else if !fastwebsockets::CloseCode::from(code).is_allowed() {
+                Err(WebSocketError::InvalidCloseCode)
+            } else {
+                Ok(Frame::close(code, &[]))
+            }
+        }
     }
 }
 
@@ -501,22 +499,22 @@ enum Incoming {
 
 /// Folds one frame into the message being reassembled; `Err` is the close to send.
 fn message(
-    frame: Frame<'_>,
+    frame: InFrame,
     partial: &mut Option<(OpCode, Vec<u8>, usize)>,
     max_bytes: usize,
 ) -> Result<Option<Incoming>, (u16, &'static str)> {
     let complete = match (frame.opcode, partial.take()) {
         (OpCode::Ping, p) => {
             *partial = p;
-            return Ok(Some(Incoming::Ping(frame.payload.to_vec())));
+            return Ok(Some(Incoming::Ping(frame.payload)));
         }
         (OpCode::Pong, p) => {
             *partial = p;
             return Ok(None);
         }
-        (OpCode::Text | OpCode::Binary, None) if frame.fin => (frame.opcode, frame.payload.to_vec()),
+        (OpCode::Text | OpCode::Binary, None) if frame.fin => (frame.opcode, frame.payload),
         (OpCode::Text | OpCode::Binary, None) => {
-            *partial = Some((frame.opcode, frame.payload.to_vec(), 1));
+            *partial = Some((frame.opcode, frame.payload, 1));
             return Ok(None);
         }
         (OpCode::Continuation, Some((op, mut buf, n))) => {
@@ -538,5 +536,25 @@ fn message(
     match complete {
         (OpCode::Text, bytes) => Ok(Some(Incoming::Text(bytes))),
         _ => Err((close::POLICY, "binary frames are not supported")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_close_is_echoed_with_its_code_alone() {
+        let payload = |f: Frame<'static>| f.payload.to_vec();
+        assert_eq!(payload(close_echo(&[]).unwrap()), Vec::<u8>::new());
+        let mut from_device = 1000u16.to_be_bytes().to_vec();
+        from_device.extend_from_slice(b"bye from <script>");
+        assert_eq!(payload(close_echo(&from_device).unwrap()), 1000u16.to_be_bytes());
+        assert!(matches!(close_echo(&[3]), Err(WebSocketError::InvalidCloseFrame)));
+        assert!(matches!(close_echo(&[0x03, 0xe8, 0xff]), Err(WebSocketError::InvalidUTF8)));
+        // 1005 and 1006 are never sent on the wire; 999 is not a close code.
+        for code in [1005u16, 1006, 999] {
+            assert!(matches!(close_echo(&code.to_be_bytes()), Err(WebSocketError::InvalidCloseCode)), "{code}");
+        }
     }
 }
