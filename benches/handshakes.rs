@@ -13,8 +13,11 @@
 //!    (`--admit-rate`, `--overload-commit-ms 0`): this measures capacity, not the shaping.
 //! 2. **Idle bytes per connection**: N connections (`HANDSHAKES_BENCH_IDLE`, default 2000) held on
 //!    one server process, resident memory before and after, divided by N. The gateway is
-//!    measured twice: with raw clients that never read (as for the reference) and with the
-//!    project's own client (`gateway::client::device`, which answers pings).
+//!    measured three times: with raw clients that never read, one connection at a time (as for
+//!    the reference); with the project's own client (`gateway::client::device`, which syncs and
+//!    answers pings) arriving [`IDLE_IN_FLIGHT`] handshakes at a time, as a fleet arrives through
+//!    admission; and with the project's client all at once (admission opened wide), where the
+//!    allocator keeps part of the storm's peak (handshakes waiting on their claims) resident.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
@@ -31,6 +34,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const BARE_ROLE: &str = "HANDSHAKES_BENCH_BARE";
+/// Handshakes in flight at once while the project's client fills a node with idle devices.
+const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 const NODE_ARGS: [&str; 8] =
     ["--admit-rate", "1000000", "--admit-burst", "100000", "--overload-commit-ms", "0", "--lease-ms", "10000"];
@@ -87,8 +92,12 @@ fn main() {
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
     drop(c);
     let (c, t) = one(&rt);
-    let client = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "client"));
+    let client = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "client", IDLE_IN_FLIGHT));
     rows.push(row("gateway 1 node, client idle", &Run::default(), Some(client), bare_rate, bare_bytes));
+    drop(c);
+    let (c, t) = one(&rt);
+    let burst = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "burst", idle));
+    rows.push(row("  same, all at once", &Run::default(), Some(burst), bare_rate, bare_bytes));
     drop(c);
 
     // Handshakes on a three-node cluster, every node taking its share.
@@ -274,8 +283,9 @@ async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
     after.saturating_sub(before) / n as u64
 }
 
-/// Holds `n` devices on the project's client; bytes of `pid`'s RSS per connection.
-async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
+/// Holds `n` devices on the project's client, started so that at most `in_flight` are still
+/// connecting at any time; bytes of `pid`'s RSS per connection.
+async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str, in_flight: usize) -> u64 {
     use gateway::client::device::{Device, DeviceConfig, Event, MemoryStore};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -283,7 +293,12 @@ async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
     let stop = tokio_util::sync::CancellationToken::new();
     let up = Arc::new(AtomicUsize::new(0));
     let secret = targets[0].secret.clone().expect("a gateway target");
+    let deadline = Instant::now() + Duration::from_secs(120);
     for i in 0..n {
+        while i.saturating_sub(up.load(Ordering::Relaxed)) >= in_flight {
+            assert!(Instant::now() < deadline, "only {} of {i} devices connected", up.load(Ordering::Relaxed));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let t = &targets[i % targets.len()];
         let device = format!("idlec-{tag}-{i}");
         let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -299,7 +314,6 @@ async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
             Device::new(cfg, Box::new(MemoryStore::new(0))).run(events, stop).await
         });
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
     while up.load(Ordering::Relaxed) < n {
         assert!(Instant::now() < deadline, "only {} of {n} devices connected", up.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(100)).await;
