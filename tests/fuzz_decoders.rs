@@ -1083,3 +1083,80 @@ proptest! {
         prop_assert!(toml::from_str::<FileConfig>(&t.to_string()).is_err(), "mistyped value accepted: {}", t);
     }
 }
+
+// ---- device frames on the wire (RFC 6455 framing, read by ws::frames) ------------------------------
+
+/// The largest frame payload the reader is given in these cases (below it: accepted).
+const WIRE_MAX_FRAME: usize = 512;
+
+/// A frame as a device might send it: header bits, opcode nibble, payload, mask.
+fn wire_frame() -> impl Strategy<Value = (bool, u8, u8, Vec<u8>, Option<[u8; 4]>)> {
+    (
+        any::<bool>(),
+        prop_oneof![8 => Just(0u8), 1 => 1u8..8],
+        prop_oneof![6 => prop::sample::select(vec![0u8, 1, 2, 8, 9, 10]), 1 => 0u8..16],
+        prop_oneof![4 => prop::collection::vec(any::<u8>(), 0..140), 1 => prop::collection::vec(any::<u8>(), 500..600)],
+        any::<Option<[u8; 4]>>(),
+    )
+}
+
+/// The frame's bytes, length in its shortest form.
+fn wire_bytes((fin, rsv, opcode, payload, mask): &(bool, u8, u8, Vec<u8>, Option<[u8; 4]>)) -> Vec<u8> {
+    let mut out = vec![(u8::from(*fin) << 7) | (rsv << 4) | opcode];
+    let m = if mask.is_some() { 0x80 } else { 0 };
+    match payload.len() {
+        n if n < 126 => out.push(m | n as u8),
+        n => {
+            out.push(m | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    let mut body = payload.clone();
+    if let Some(mask) = mask {
+        out.extend_from_slice(mask);
+        fastwebsockets::unmask(&mut body, *mask);
+    }
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Whether the reader must accept the frame (RFC 6455 §5.2, §5.5; the size limit).
+fn wire_valid((fin, rsv, opcode, payload, _): &(bool, u8, u8, Vec<u8>, Option<[u8; 4]>)) -> bool {
+    let known = matches!(opcode, 0 | 1 | 2 | 8 | 9 | 10);
+    let control = *opcode >= 8;
+    let ping_fits = *opcode != 9 || payload.len() <= 125;
+    *rsv == 0 && known && (*fin || !control) && ping_fits && payload.len() < WIRE_MAX_FRAME
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    #[test]
+    fn device_frames_are_read_exactly_or_refused_within_one_frame_of_memory(
+        frames in prop::collection::vec(wire_frame(), 0..6),
+        noise in prop::collection::vec(any::<u8>(), 0..40),
+    ) {
+        let mut bytes: Vec<u8> = frames.iter().flat_map(wire_bytes).collect();
+        bytes.extend_from_slice(&noise);
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let (read, largest) = largest_allocation(|| {
+            rt.block_on(async {
+                let mut reader = gateway::ws::frames::FrameReader::new(&bytes[..], WIRE_MAX_FRAME);
+                let mut read = Vec::new();
+                while let Ok(f) = reader.read_frame().await {
+                    read.push((f.fin, f.opcode as u8, f.payload));
+                }
+                read
+            })
+        });
+        // Every frame up to the first invalid one comes back exactly, unmasked.
+        let expected: Vec<_> = frames.iter().take_while(|f| wire_valid(f)).map(|(fin, _, op, p, _)| (*fin, *op, p.clone())).collect();
+        prop_assert!(read.len() >= expected.len());
+        prop_assert_eq!(&read[..expected.len()], &expected[..]);
+        if expected.len() < frames.len() {
+            prop_assert_eq!(read.len(), expected.len(), "a frame after an invalid one was read");
+        }
+        // Whatever the bytes, the reader asked for no more than one frame under the limit and its header.
+        prop_assert!(largest <= WIRE_MAX_FRAME + 14, "largest allocation {} bytes", largest);
+    }
+}
