@@ -24,7 +24,8 @@
 //! - [`answer`] HTTP answers and the one mapping from a write's reply or error to status, reason
 //!   and `Retry-After`, shared by [`ws`] and [`api`].
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
-//!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing).
+//!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing), and
+//!   the allocator trim that hands a burst's freed heap back.
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline, the TLS
 //!   handshake under that deadline), request ids (`x-request-id`, a span per request) and the
 //!   access line.

@@ -64,6 +64,9 @@ pub struct Metrics {
     pub kicks: Counter,
     /// Connections told to go away by a drain.
     pub drained: Counter,
+    /// Allocator trims after a burst, and the free heap bytes they handed back (node::allocator).
+    pub allocator_trims: Counter,
+    pub allocator_released_bytes: Counter,
     /// Times the device side fell behind the apply events (sessions then caught up from the store).
     pub event_lags: Counter,
     /// Times this node fenced itself because no lease renewal committed.
@@ -143,6 +146,8 @@ impl Default for Metrics {
             kicks: Counter::default(),
             connections: Gauge::default(),
             drained: Counter::default(),
+            allocator_trims: Counter::default(),
+            allocator_released_bytes: Counter::default(),
             event_lags: Counter::default(),
             fence_events: Counter::default(),
             snapshots_built: Counter::default(),
@@ -208,6 +213,16 @@ impl Default for Metrics {
             m.event_lags.clone(),
         );
         registry.register("drained", "Connections sent goaway by a drain", m.drained.clone());
+        registry.register(
+            "allocator_trims",
+            "Times freed heap was handed back to the system after a burst",
+            m.allocator_trims.clone(),
+        );
+        registry.register(
+            "allocator_released_bytes",
+            "Free heap bytes handed back to the system by allocator trims",
+            m.allocator_released_bytes.clone(),
+        );
         registry.register("fence_events", "Self-fencing events (no renewal committed)", m.fence_events.clone());
         registry.register("connections", "Live device connections", m.connections.clone());
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());

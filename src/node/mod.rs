@@ -3,6 +3,7 @@
 //! tracker, each in its own span, waits for a stop and winds down. Wiring only; decisions live in
 //! the modules it wires (`lifecycle` for start and stop).
 
+pub mod allocator;
 pub mod duties;
 pub mod identity;
 pub mod lifecycle;
@@ -308,6 +309,7 @@ impl Node {
         let suspect =
             duties::suspect_loop(cluster.clone(), self.http.clone(), t.clone(), self.metrics.clone(), stop.clone());
         spawn("suspect", Box::pin(suspect));
+        spawn("allocator", Box::pin(allocator::run(self.metrics.clone(), stop.clone())));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let local = (cfg.device.admit_rate, cfg.device.admit_burst);
         let admission = duties::follow_admission(
