@@ -46,8 +46,9 @@ pub enum Scenario {
     /// Connect --devices devices, then drain or SIGKILL one node and measure re-homing.
     ///
     /// --kill needs the node's pid: from --kill-pid, --pid NAME=PID or a --pid-file (the tool
-    /// cannot learn a pid from the cluster). --drain needs --cluster.
-    #[command(group(ArgGroup::new("event").required(true).args(["kill", "drain"])))]
+    /// cannot learn a pid from the cluster). --drain needs --cluster. --await-exit kills nothing:
+    /// it waits for another process to kill one of the nodes whose pids it was given.
+    #[command(group(ArgGroup::new("event").required(true).args(["kill", "drain", "await_exit"])))]
     Storm {
         #[command(flatten)]
         common: CommonArgs,
@@ -60,9 +61,23 @@ pub enum Scenario {
         /// The pid to SIGKILL for --kill (overrides --pid/--pid-file).
         #[arg(long, requires = "kill")]
         kill_pid: Option<u32>,
+        /// Trigger nothing: hold the devices until one of the nodes whose pid is known
+        /// (--pid/--pid-file) exits, killed by someone else, then measure as for --kill from the
+        /// last check that saw it alive (every 10 ms). Several loader processes, each with its own
+        /// devices, can so measure one kill.
+        #[arg(long)]
+        await_exit: bool,
+        /// With --await-exit: give up (exit 1) if no node exited within this many seconds of the
+        /// devices connecting.
+        #[arg(long, default_value_t = 3600, requires = "await_exit")]
+        await_secs: u64,
         /// Stop measuring this long after the trigger even if devices are still out.
         #[arg(long, default_value_t = 60)]
         timeout_secs: u64,
+        /// Keep the devices connected this long after the storm was measured, so that an
+        /// observer can read the survivors' connections and memory with every device back.
+        #[arg(long, default_value_t = 0)]
+        hold_after_secs: u64,
     },
 }
 
@@ -137,6 +152,8 @@ pub struct Recorder {
     pub ever: AtomicU32,
     pub attempts: AtomicU64,
     pub failures: AtomicU64,
+    /// Bumped at every connect and close: a copy of the devices' nodes is stale when it moved.
+    changes: AtomicU64,
     /// The longest backoff wait since [`Recorder::reset_waits`], and how many reached the cap.
     max_wait_us: AtomicU64,
     waits_at_cap: AtomicU64,
@@ -164,6 +181,7 @@ impl Recorder {
             ever: AtomicU32::new(0),
             attempts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
             max_wait_us: AtomicU64::new(0),
             waits_at_cap: AtomicU64::new(0),
             cap_us: cap.as_micros() as u64,
@@ -197,6 +215,18 @@ impl Recorder {
         (0..inner.node_of.len() as u32).filter(|&i| inner.node_of[i as usize].as_deref() == Some(node)).collect()
     }
 
+    /// The node each device is connected to now (by index in this process), and the
+    /// [`Recorder::changes`] count it is current for.
+    pub fn nodes(&self) -> (u64, Vec<Option<Arc<str>>>) {
+        let inner = self.inner.lock().expect("recorder");
+        (self.changes.load(Ordering::Relaxed), inner.node_of.clone())
+    }
+
+    /// Connects and closes so far (see [`Recorder::nodes`]).
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
     /// Connected devices per node name.
     pub fn per_node(&self) -> std::collections::BTreeMap<String, u64> {
         let mut m = std::collections::BTreeMap::new();
@@ -221,6 +251,7 @@ impl Recorder {
                 self.up.fetch_add(1, Ordering::Relaxed);
                 let mut inner = self.inner.lock().expect("recorder");
                 inner.node_of[i as usize] = Some(node.into());
+                self.changes.fetch_add(1, Ordering::Relaxed);
                 if !std::mem::replace(&mut inner.ever[i as usize], true) {
                     self.ever.fetch_add(1, Ordering::Relaxed);
                 }
@@ -234,6 +265,7 @@ impl Recorder {
             Event::Closed { code, .. } => {
                 self.up.fetch_sub(1, Ordering::Relaxed);
                 self.inner.lock().expect("recorder").node_of[i as usize] = None;
+                self.changes.fetch_add(1, Ordering::Relaxed);
                 Kind::Outcome(format!("closed {code}"))
             }
             Event::Stopped(StopReason::Shutdown) => return,

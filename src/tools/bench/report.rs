@@ -57,7 +57,7 @@ pub struct NodeMemory {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct StormReport {
-    /// `drain` or `kill`.
+    /// `drain`, `kill`, or `exit` (--await-exit: killed by another process).
     pub event: String,
     pub node: String,
     /// Since bench start.
@@ -70,6 +70,13 @@ pub struct StormReport {
     pub t50_ms: Option<u64>,
     pub t99_ms: Option<u64>,
     pub t100_ms: Option<u64>,
+    /// Every re-homed device's delay from the trigger in ms, sorted: several loaders' reports of
+    /// one storm merge into its percentiles.
+    pub delays_ms: Vec<u64>,
+    /// Devices of this process not on `node` at the trigger, and how many of them did anything
+    /// after it (closed, dialled, refused, connected): a storm should leave them alone.
+    pub others: u32,
+    pub others_disturbed: u32,
     /// Whether the run stopped at --timeout-secs rather than with every device connected.
     pub timed_out: bool,
     pub window_ms: u64,
@@ -200,6 +207,7 @@ impl Report {
                 opt(st.t99_ms, " ms"),
                 opt(st.t100_ms, " ms")
             );
+            let _ = writeln!(s, "other devices disturbed {} of {}", st.others_disturbed, st.others);
             let _ = writeln!(s, "every survivor's ring without {}: {}", st.node, opt(st.ring_converged_ms, " ms"));
             let _ = writeln!(s, "longest backoff wait {} ms; waits at the cap: {}", st.max_wait_ms, st.waits_at_cap);
             if let Some(m) = &st.model {
@@ -274,6 +282,9 @@ mod tests {
                 t50_ms: Some(30),
                 t99_ms: Some(30),
                 t100_ms: Some(30),
+                delays_ms: vec![30],
+                others: 1,
+                others_disturbed: 0,
                 timed_out: false,
                 window_ms: 250,
                 windows: vec![Window { t_ms: 0, attempts: 1, accepts: 1, failures: 0 }],
@@ -312,7 +323,20 @@ mod tests {
         }
         assert!(v["memory"][0]["bytes_per_connection"].is_null(), "unknown memory is null, not invented");
         let st = &v["storm"];
-        for k in ["affected", "rehomed", "t50_ms", "t99_ms", "t100_ms", "windows", "outcomes", "max_wait_ms", "model"] {
+        for k in [
+            "affected",
+            "rehomed",
+            "t50_ms",
+            "t99_ms",
+            "t100_ms",
+            "windows",
+            "outcomes",
+            "max_wait_ms",
+            "model",
+            "delays_ms",
+            "others",
+            "others_disturbed",
+        ] {
             assert!(st.get(k).is_some(), "storm lacks {k}: {st}");
         }
         assert_eq!(st["windows"][0]["attempts"], 1);

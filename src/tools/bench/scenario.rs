@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -19,13 +20,30 @@ use crate::http::HttpClient;
 use crate::secrets;
 use crate::tools::admin::Admin;
 use crate::tools::plan::{Admission, Jitter, StormModel};
+use crate::wire::StatusReport;
 
 const WINDOW_US: u64 = 250_000;
 const CALL: Duration = Duration::from_secs(5);
 
 enum Trigger {
-    Drain { node: String, addr: String },
-    Kill { node: String, pid: u32 },
+    /// This process drains or kills `node`.
+    Act { node: String, action: Action },
+    /// Another process kills one of these nodes (name → pid) within `bound`.
+    Exit { pids: BTreeMap<String, u32>, bound: Duration },
+}
+
+enum Action {
+    Drain { addr: String },
+    Kill { pid: u32 },
+}
+
+/// A storm once it started: the node, the devices on it then, the cluster as it was just before.
+struct Fired {
+    event: &'static str,
+    node: String,
+    affected: HashSet<u32>,
+    plan: Option<StatusReport>,
+    trigger_us: u64,
 }
 
 /// One memory sample of a node: (rss, connections).
@@ -103,7 +121,7 @@ fn memory(before: &Sample, after: &Sample) -> Vec<NodeMemory> {
 /// first reconnect within `base`, `Retry-After: 1`).
 fn model(
     c: &CommonArgs,
-    status: &crate::wire::StatusReport,
+    status: &StatusReport,
     node: &str,
     devices: u32,
     measured: [Option<u64>; 3],
@@ -163,11 +181,97 @@ async fn wait_for(bound: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Drains or kills `node`: the storm's start.
+async fn fire(ctx: &Ctx, rec: &Recorder, node: String, action: Action) -> Result<Fired, BenchError> {
+    let event = match action {
+        Action::Drain { .. } => "drain",
+        Action::Kill { .. } => "kill",
+    };
+    let affected: HashSet<u32> = rec.on_node(&node).into_iter().collect();
+    if affected.is_empty() {
+        eprintln!("bench: no device of this process is connected to {node} (per node: {:?})", rec.per_node());
+    }
+    // The storm the model is given: the survivors and their admission, as the cluster says.
+    let plan = match &ctx.admin {
+        Some((admin, _, cluster)) => admin.status(cluster).await.ok(),
+        None => None,
+    };
+    rec.reset_waits();
+    let trigger_us = rec.now_us();
+    eprintln!("bench: {event} {node} with {} devices on it", affected.len());
+    match action {
+        Action::Drain { addr } => {
+            let (admin, _, _) = ctx.admin.as_ref().expect("checked when parsing");
+            admin.drain(&addr).await.map_err(|e| BenchError::Runtime(format!("drain {node}: {e}")))?;
+        }
+        Action::Kill { pid } => sys::kill9(pid)?,
+    }
+    Ok(Fired { event, node, affected, plan, trigger_us })
+}
+
+/// Holds the devices until one of `pids` exits. The storm starts at the last check (every 10 ms)
+/// that saw every node alive, with the devices that were on the dead node then, and the last
+/// status read before it (refreshed every 5 s: an operator may change admission meanwhile).
+async fn await_exit(
+    ctx: &Ctx,
+    rec: &Recorder,
+    pids: &BTreeMap<String, u32>,
+    bound: Duration,
+) -> Result<Fired, BenchError> {
+    let latest: Arc<Mutex<Option<StatusReport>>> = Arc::default();
+    let refresher = ctx.admin.clone().map(|(admin, _, cluster)| {
+        let latest = latest.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(s) = admin.status(&cluster).await {
+                    *latest.lock().expect("status") = Some(s);
+                }
+                sleep(Duration::from_secs(5)).await;
+            }
+        })
+    });
+    let end = Instant::now() + bound;
+    let (mut seen, mut nodes) = rec.nodes();
+    let mut alive_us = None;
+    let dead = loop {
+        let t = rec.now_us();
+        let fresh = (rec.changes() != seen).then(|| rec.nodes());
+        if let Some((name, _)) = pids.iter().find(|(_, &pid)| !sys::alive(pid)) {
+            break name.clone();
+        }
+        if let Some((c, v)) = fresh {
+            (seen, nodes) = (c, v);
+        }
+        alive_us = Some(t);
+        if Instant::now() >= end {
+            break String::new();
+        }
+        sleep(Duration::from_millis(10)).await;
+    };
+    if let Some(r) = refresher {
+        r.abort();
+    }
+    let Some(trigger_us) = alive_us.filter(|_| !dead.is_empty()) else {
+        return Err(BenchError::Runtime(if dead.is_empty() {
+            format!("--await-exit: no node exited within {} s", bound.as_secs())
+        } else {
+            format!("--await-exit: {dead} was not running when the devices were held")
+        }));
+    };
+    rec.reset_waits();
+    let affected: HashSet<u32> =
+        (0..nodes.len() as u32).filter(|&i| nodes[i as usize].as_deref() == Some(dead.as_str())).collect();
+    eprintln!("bench: {dead} exited with {} devices on it", affected.len());
+    let plan = latest.lock().expect("status").take();
+    Ok(Fired { event: "exit", node: dead, affected, plan, trigger_us })
+}
+
 pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
-    let (c, secs, storm, timeout) = match args.scenario {
-        Scenario::Steady { common, secs } => (common, secs, None, 0),
-        Scenario::Storm { common, kill, drain, kill_pid, timeout_secs } => {
-            (common, 0, Some((kill, drain, kill_pid)), timeout_secs)
+    let (c, secs, storm, timeout, hold_after) = match args.scenario {
+        Scenario::Steady { common, secs } => (common, secs, None, 0, 0),
+        Scenario::Storm { common, kill, drain, kill_pid, await_exit, await_secs, timeout_secs, hold_after_secs } => {
+            let storm = (kill, drain, kill_pid, await_exit.then_some(await_secs));
+            (common, 0, Some(storm), timeout_secs, hold_after_secs)
         }
     };
     if c.devices == 0 {
@@ -191,13 +295,21 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     let pids = sys::pids(&c.pid_file, &c.pid, kill_name.as_deref())?;
     let trigger = match storm {
         None => None,
-        Some((Some(node), _, kill_pid)) => {
+        Some((_, _, _, Some(await_secs))) => {
+            if pids.is_empty() {
+                return Err(BenchError::Usage(
+                    "--await-exit: give the nodes' pids (--pid NAME=PID or --pid-file)".into(),
+                ));
+            }
+            Some(Trigger::Exit { pids: pids.clone(), bound: Duration::from_secs(await_secs) })
+        }
+        Some((Some(node), _, kill_pid, None)) => {
             let pid = kill_pid.or_else(|| pids.get(&node).copied()).ok_or_else(|| {
                 BenchError::Usage(format!("--kill {node}: give its pid (--kill-pid, --pid {node}=PID or --pid-file)"))
             })?;
-            Some(Trigger::Kill { node, pid })
+            Some(Trigger::Act { node, action: Action::Kill { pid } })
         }
-        Some((None, Some(node), _)) => {
+        Some((None, Some(node), _, None)) => {
             let Some((admin, _, cluster)) = &admin else {
                 return Err(BenchError::Usage("--drain needs --cluster".into()));
             };
@@ -206,9 +318,12 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                 let names: Vec<_> = st.members.iter().map(|m| m.name.as_str()).collect();
                 BenchError::Usage(format!("--drain {node}: no such member (members: {})", names.join(", ")))
             })?;
-            Some(Trigger::Drain { node, addr: m.cluster_addr.clone() })
+            let addr = m.cluster_addr.clone();
+            Some(Trigger::Act { node, action: Action::Drain { addr } })
         }
-        Some((None, None, _)) => return Err(BenchError::Usage("storm needs --kill or --drain".into())),
+        Some((None, None, _, None)) => {
+            return Err(BenchError::Usage("storm needs --kill, --drain or --await-exit".into()))
+        }
     };
     if let Some(limit) = sys::open_files_limit() {
         if u64::from(c.devices) + 64 > limit {
@@ -293,29 +408,11 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         }
         Some(t) => {
             after = ctx.sample().await;
-            let (event, node) = match &t {
-                Trigger::Drain { node, .. } => ("drain", node.clone()),
-                Trigger::Kill { node, .. } => ("kill", node.clone()),
+            let fired = match t {
+                Trigger::Act { node, action } => fire(&ctx, &rec, node, action).await?,
+                Trigger::Exit { pids, bound } => await_exit(&ctx, &rec, &pids, bound).await?,
             };
-            let affected: HashSet<u32> = rec.on_node(&node).into_iter().collect();
-            if affected.is_empty() {
-                eprintln!("bench: no device of this process is connected to {node} (per node: {:?})", rec.per_node());
-            }
-            // The storm the model is given: the survivors and their admission, as the cluster says.
-            let plan = match &ctx.admin {
-                Some((admin, _, cluster)) => admin.status(cluster).await.ok(),
-                None => None,
-            };
-            rec.reset_waits();
-            let trigger_us = rec.now_us();
-            eprintln!("bench: {event} {node} with {} devices on it", affected.len());
-            match &t {
-                Trigger::Drain { addr, .. } => {
-                    let (admin, _, _) = ctx.admin.as_ref().expect("checked above");
-                    admin.drain(addr).await.map_err(|e| BenchError::Runtime(format!("drain {node}: {e}")))?;
-                }
-                Trigger::Kill { pid, .. } => sys::kill9(*pid)?,
-            }
+            let Fired { event, node, affected, plan, trigger_us } = fired;
             // Watch the survivors' rings drop the node, from outside, while the devices re-home.
             let converged = {
                 let (admin, plan, node, rec) = (ctx.admin.clone(), plan.clone(), node.clone(), rec.clone());
@@ -350,6 +447,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
             storm_report = Some(rec.with_log(|log| {
                 let delays = stats::rehome_delays(log, trigger_us, &affected);
                 let total = affected.len();
+                let others = n - total as u32;
                 let measured = [0.5, 0.99, 1.0].map(|f| stats::time_to_fraction(&delays, total, f).map(|us| us / 1000));
                 let model = plan.as_ref().and_then(|st| model(c, st, &node, total as u32, measured));
                 StormReport {
@@ -361,6 +459,9 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                     t50_ms: stats::time_to_fraction(&delays, total, 0.5).map(|us| us / 1000),
                     t99_ms: stats::time_to_fraction(&delays, total, 0.99).map(|us| us / 1000),
                     t100_ms: stats::time_to_fraction(&delays, total, 1.0).map(|us| us / 1000),
+                    delays_ms: delays.iter().map(|us| us / 1000).collect(),
+                    others,
+                    others_disturbed: stats::disturbed(log, trigger_us, &affected),
                     timed_out: !done,
                     window_ms: WINDOW_US / 1000,
                     windows: stats::windows(log, trigger_us, end_us, WINDOW_US),
@@ -375,6 +476,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     }
     let connected_at_end = rec.up.load(Ordering::Relaxed);
     let elapsed_ms = rec.now_us() / 1000;
+    sleep(Duration::from_secs(hold_after)).await;
 
     stop.cancel();
     let handles = spawner.await.map_err(|e| BenchError::Runtime(format!("spawner: {e}")))?;

@@ -128,6 +128,14 @@ pub fn rehome_delays(log: &[Rec], trigger_us: u64, affected: &HashSet<u32>) -> V
     v
 }
 
+/// Devices outside `affected` that did anything at or after `trigger_us` (a close, a dial, a
+/// refusal, a connect): a storm should leave them alone.
+pub fn disturbed(log: &[Rec], trigger_us: u64, affected: &HashSet<u32>) -> u32 {
+    let moved: HashSet<u32> =
+        log.iter().filter(|r| r.t_us >= trigger_us && !affected.contains(&r.device)).map(|r| r.device).collect();
+    moved.len() as u32
+}
+
 /// When `frac` (0..=1) of `total` devices were back, from sorted delays; `None` if never.
 pub fn time_to_fraction(sorted_delays: &[u64], total: usize, frac: f64) -> Option<u64> {
     if total == 0 {
@@ -225,5 +233,19 @@ mod tests {
         assert_eq!(time_to_fraction(&d, 0, 1.0), Some(0));
         assert_eq!(all_connected_at(&log, 2), Some(120_000));
         assert_eq!(all_connected_at(&log, 4), None);
+    }
+
+    #[test]
+    fn disturbed_counts_other_devices_that_moved_after_the_trigger() {
+        let log = vec![
+            rec(10, 5, Kind::Outcome("closed 1006".into())),  // before the trigger
+            rec(110, 0, Kind::Outcome("closed 1006".into())), // affected
+            rec(120, 6, Kind::Outcome("closed 4001".into())),
+            rec(130, 6, Kind::Dial),
+            rec(140, 7, Kind::Dial),
+        ];
+        let affected: HashSet<u32> = [0].into();
+        assert_eq!(disturbed(&log, 100_000, &affected), 2);
+        assert_eq!(disturbed(&log, 200_000, &affected), 0);
     }
 }

@@ -97,6 +97,20 @@ pub fn kill9(pid: u32) -> Result<(), BenchError> {
     }
 }
 
+/// Whether process `pid` still runs: it has a /proc entry and is not a zombie (a killed child
+/// its parent has not reaped yet is dead to us).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| proc_state(&s))
+        .is_some_and(|c| !matches!(c, 'Z' | 'X' | 'x'))
+}
+
+/// The state letter of a /proc/<pid>/stat line (`pid (comm) S ...`; comm may hold spaces and `)`).
+pub fn proc_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// The soft open-files limit of this process (from /proc/self/limits).
 pub fn open_files_limit() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
@@ -132,6 +146,15 @@ mod tests {
         assert_eq!(m.into_iter().collect::<Vec<_>>(), vec![("n1".into(), 100), ("n2".into(), 201), ("n3".into(), 300)]);
         assert!(matches!(pids(&[bare], &[], None), Err(BenchError::Usage(_))));
         assert!(matches!(pids(&[], &["n1".to_string()], None), Err(BenchError::Usage(_))));
+    }
+
+    #[test]
+    fn process_state_from_proc_stat() {
+        assert_eq!(proc_state("42 (gateway) S 1 42 42 0"), Some('S'));
+        assert_eq!(proc_state("42 (a (b) c)) Z 1 42"), Some('Z'));
+        assert_eq!(proc_state("garbage"), None);
+        assert!(alive(std::process::id()));
+        assert!(!alive(u32::MAX), "no such pid");
     }
 
     #[test]
