@@ -25,7 +25,7 @@ for pair in "$@"; do
     --devices "$devices" --secs 600 --device-secret-file "$dir/device.secret" \
     --cluster-secret-file "$secret" >"$dir/bench.log" 2>&1 &
   bench=$!
-  # Wait until the cluster holds every device (renewed counts, every lease/3).
+  # Wait until the cluster holds every device (renewed counts, every lease/5).
   for _ in $(seq 1 600); do
     held=$("$BIN" status --json --cluster 127.0.0.1:7001 --cluster-secret-file "$secret" |
       python3 -c 'import json,sys; print(sum(m["connections"] for m in json.load(sys.stdin)["members"]))')

@@ -31,7 +31,7 @@ fn device_connects_is_routed_released_and_fenced() {
     assert_eq!(route["conn"].as_u64(), Some(conn), "route names the connection from hello: {route}");
     assert_eq!(route["version"].as_u64(), Some(1), "{route}");
 
-    // Connection counts travel with lease renewals (every lease/3).
+    // Connection counts travel with lease renewals (every lease/5).
     let bound = Duration::from_millis(TIMING.lease_ms) + SLACK;
     let t = Instant::now();
     wait_until(bound, "status to show n1 holding a connection", || {

@@ -83,7 +83,7 @@ pub struct ServeArgs {
     /// --cluster-tls-ca-file, and this node presents its cluster certificate to its peers.
     #[arg(long, env = "GATEWAY_CLUSTER_TLS_CLIENT_AUTH")]
     pub cluster_tls_client_auth: bool,
-    /// Lease length; nodes renew every lease/3 [default: 10000].
+    /// Lease length; nodes renew every lease/5 [default: 10000].
     #[arg(long, env = "GATEWAY_LEASE_MS")]
     pub lease_ms: Option<u64>,
     /// Sweep period of the leader [default: 1000].

@@ -108,7 +108,7 @@ pub struct FileConfig {
 /// Timing knobs of the cluster core; reported by `status --json` under `config`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timing {
-    /// How long a node's lease lasts after a renewal; nodes renew every `lease_ms / 3`.
+    /// How long a node's lease lasts after a renewal; nodes renew every `lease_ms / 5`.
     pub lease_ms: u64,
     /// How often the leader sweeps lapsed leases.
     pub sweep_ms: u64,
