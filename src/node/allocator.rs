@@ -26,7 +26,7 @@ pub fn should_trim(free: u64, used: u64) -> bool {
 
 /// Checks every [`CHECK`] until `cancel`; counts trims and the free bytes they handed back.
 pub async fn run(metrics: Arc<Metrics>, cancel: CancellationToken) {
-    if !supported() {
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
         return;
     }
     let mut every = tokio::time::interval(CHECK);
@@ -41,16 +41,6 @@ pub async fn run(metrics: Arc<Metrics>, cancel: CancellationToken) {
         metrics.allocator_released_bytes.inc_by(released);
         tracing::debug!(released, "allocator: gave freed heap back to the system");
     }
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn supported() -> bool {
-    true
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn supported() -> bool {
-    false
 }
 
 /// Trims when [`should_trim`] says so; the free bytes the allocator counted before the trim, if

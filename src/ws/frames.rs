@@ -42,7 +42,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Heap bytes the reader holds now.
-    pub fn held_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn held_bytes(&self) -> usize {
         self.pending.capacity()
     }
 

@@ -1,9 +1,9 @@
 //! One device session after the upgrade, in one task: a session loop, and the reader as a
-//! future it polls. `read_frame` is not cancel-safe, so the reader is pinned for the session's
-//! life and polled by reference as one branch of the loop's `select!` (never dropped mid-frame
-//! while the session lives); every frame it must answer (pong, close echo, a reply) goes through
-//! the reply queue, and the reader waits for room there: a device that does not read its replies
-//! stops being read. The loop pings every `ping_ms`, closes after `idle_ms` without traffic,
+//! future it polls. The reader ([`super::frames`]) keeps its place across awaits, so it is pinned
+//! for the session's life and polled by reference as one branch of the loop's `select!` (never
+//! restarted mid-message while the session lives); every frame it must answer (pong, close echo,
+//! a reply) goes through the reply queue, and the reader waits for room there: a device that does
+//! not read its replies stops being read. The loop pings every `ping_ms`, closes after `idle_ms` without traffic,
 //! obeys [`Control`] commands (kicks, drain, fencing), and sends a `sync` one page at a time
 //! between them. Memory per session is bounded in bytes: one message being read
 //! (`max_message_bytes`, reassembly included), the reply queue (`send_queue` small frames:
