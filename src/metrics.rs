@@ -62,6 +62,9 @@ pub struct Metrics {
     pub admitted_share: Gauge,
     /// Connections this node closed because a newer claim took the device over (4001).
     pub kicks: Counter,
+    /// WebSocket pings sent to devices, and pongs received from them.
+    pub pings_sent: Counter,
+    pub pongs_received: Counter,
     /// Connections told to go away by a drain.
     pub drained: Counter,
     /// Allocator trims after a burst, and the free heap bytes they handed back (node::allocator).
@@ -144,6 +147,8 @@ impl Default for Metrics {
             tls_reloads: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             kicks: Counter::default(),
+            pings_sent: Counter::default(),
+            pongs_received: Counter::default(),
             connections: Gauge::default(),
             drained: Counter::default(),
             allocator_trims: Counter::default(),
@@ -207,6 +212,8 @@ impl Default for Metrics {
             m.admitted_share.clone(),
         );
         registry.register("kicks", "Connections closed with 4001 (superseded)", m.kicks.clone());
+        registry.register("pings_sent", "WebSocket pings sent to devices (every --ping-ms)", m.pings_sent.clone());
+        registry.register("pongs_received", "WebSocket pongs received from devices", m.pongs_received.clone());
         registry.register(
             "event_lags",
             "Times the device side fell behind the apply events (sessions caught up from the store)",

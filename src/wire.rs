@@ -69,6 +69,10 @@ pub struct MemberStatus {
     pub capacity_connections: Option<u64>,
     #[serde(default)]
     pub utilization: Option<f64>,
+    /// The connection limit it published (`--max-connections`): placement sends it no new
+    /// device once `connections` reaches it.
+    #[serde(default)]
+    pub max_connections: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

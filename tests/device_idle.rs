@@ -68,6 +68,10 @@ fn silent_devices_are_closed_and_talking_devices_stay() {
     // `hello`: allow one ping period for that, no more.
     assert!(took >= Duration::from_millis(IDLE_MS - PING_MS), "closed before the idle limit: {took:?}");
     assert!(pings >= 3, "the server pings every {PING_MS} ms: only {pings} pings in {took:?}");
+    // The node counts what it sent; a deaf device sent no pong.
+    let sent = c.metric(0, "gateway_pings_sent_total").unwrap_or_default();
+    assert!(sent >= pings as f64, "gateway_pings_sent_total {sent} < the {pings} pings seen");
+    assert_eq!(c.metric(0, "gateway_pongs_received_total"), Some(0.0));
     wait_until(SLACK, "the idle device's route released", || match c.try_route(0, "d-silent") {
         Ok((404, v)) if v["floor"]["attempt"] == 1 => Ok(()),
         other => Err(format!("{other:?}")),
@@ -83,6 +87,12 @@ fn silent_devices_are_closed_and_talking_devices_stay() {
     let (mut ponger, _, _) = open("d-ponger", Dial::token);
     stays_open(&mut ponger, window, "device answering pings", |_| {});
     println!("[device_idle] pong-answering device open after {window:?}");
+    // Its pongs are the only ones: at least half of the window's pings, counted by the node.
+    let want = (window.as_millis() as u64 / PING_MS / 2) as f64;
+    wait_until(SLACK, "the pongs counted", || match c.metric(0, "gateway_pongs_received_total") {
+        Some(n) if n >= want => Ok(()),
+        other => Err(format!("{other:?} pongs counted, want >= {want}")),
+    });
 
     // A device that sends WebSocket ping frames every 200 ms: frames from the device, so not idle.
     let (mut ws_pinger, _, _) = open("d-ws-ping", |t| Dial::token(t).no_auto_pong());

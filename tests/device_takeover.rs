@@ -1,11 +1,14 @@
 //! Takeover across nodes: a newer attempt on another node closes the old connection with 4001 (sent
 //! by the node holding it), a late older attempt is fenced on a third node, and placement steers
-//! to the route's node with 307 unless that node is reported unreachable (`fallback`).
+//! to the route's node with 307 unless that node is reported unreachable (`fallback`); a node at
+//! its `--max-connections` is left out of placement everywhere once its renewed count shows it,
+//! and sends a device on itself before that (`sent_on_full`).
 
 mod common;
 
 use common::ws::Dial;
-use common::{wait_until, Cluster, SLACK};
+use common::{wait_until, Cluster, Start, SLACK, TIMING};
+use serde_json::Value;
 
 #[test]
 fn newer_attempt_on_another_node_kicks_the_old_connection_and_placement_follows() {
@@ -98,4 +101,82 @@ fn newer_attempt_on_another_node_kicks_the_old_connection_and_placement_follows(
             assert_eq!(code, 4001);
         }
     }
+}
+
+/// Member `name`'s row in node `i`'s status.
+fn member(c: &Cluster, i: usize, name: &str) -> Value {
+    let status = c.status_json(i);
+    status["members"].as_array().and_then(|m| m.iter().find(|m| m["name"] == name).cloned()).unwrap_or_default()
+}
+
+/// Waits until every node in `all` shows n1's `field` (in its status) at `value`.
+fn every_node_shows(c: &Cluster, all: &[usize], field: &str, value: u64) {
+    wait_until(TIMING.settle_bound(), &format!("n1's {field} at {value} on every node"), || {
+        let seen: Vec<Value> = all.iter().map(|i| member(c, *i, "n1")[field].clone()).collect();
+        if seen.iter().all(|v| v.as_u64() == Some(value)) {
+            Ok(())
+        } else {
+            Err(seen)
+        }
+    });
+}
+
+#[test]
+fn a_full_node_gets_no_new_devices_and_sends_its_own_on() {
+    // n1 holds at most 3; n2 and n3 derive theirs from the open-file limit.
+    let mut c = Cluster::new();
+    let n1 = c.spawn_with("n1", Start::Bootstrap, &["--max-connections", "3"]);
+    for name in ["n2", "n3"] {
+        let i = c.spawn(name, Start::Standby);
+        c.join(n1, i);
+    }
+    let (n2, n3) = (1, 2);
+    let all = [n1, n2, n3];
+    c.wait_agreement(&all, TIMING.settle_bound(), "3 live members", |v| v.members.len() == 3 && v.all_live());
+    // Each node publishes its limit after its first renewal; every node applies the same value.
+    every_node_shows(&c, &all, "max_connections", 3);
+    assert!(member(&c, n1, "n2")["max_connections"].as_u64().is_some_and(|m| m > 3), "n2 publishes a limit too");
+
+    // Devices whose ring owner is n1 (while every node holds nothing).
+    let owned: Vec<String> = (0..200)
+        .map(|k| format!("p{k}"))
+        .filter(|d| c.public_get(n2, "/v1/placement", Some(&c.token(d, 0))).json()["node"] == "n1")
+        .take(5)
+        .collect();
+    assert_eq!(owned.len(), 5, "n1 owns about a third of the ring");
+
+    // Fill n1, and wait until its renewed count says so on every node.
+    let mut held: Vec<_> = (1..=3)
+        .map(|k| {
+            let d = format!("f{k}");
+            let ws = c.dial(n1, "/ws?attempt=1&steer=off", &Dial::token(&c.token(&d, 0))).open(&d);
+            (d, ws)
+        })
+        .collect();
+    every_node_shows(&c, &all, "connections", 3);
+    // Placement on every node now leaves n1 out, and a handshake at n1 is steered away from it.
+    for d in &owned {
+        for i in all {
+            let v = c.public_get(i, "/v1/placement", Some(&c.token(d, 0))).json();
+            assert!(v["node"] == "n2" || v["node"] == "n3", "{d} placed by {}: {v}", c.nodes[i].name);
+        }
+    }
+    let r = c.dial(n1, "/ws?attempt=1", &Dial::token(&c.token(&owned[0], 0))).refused("a new device at full n1");
+    assert_eq!(r.status, 307, "{r:?}");
+    assert!(!r.header("location").unwrap_or_default().starts_with(&c.public_url(n1)), "{r:?}");
+
+    // A device reconnecting to n1 (its route, so placement keeps it there) finds n1 full: n1
+    // sends it on, adding itself to the fallback list, rather than refusing it with 503.
+    let (device, old) = &mut held[0];
+    let token = c.token(device, 0);
+    let r = c.dial(n1, "/ws?attempt=2&fallback=n3", &Dial::token(&token)).refused("a reconnect at full n1");
+    let expected = format!("{}/ws?attempt=2&fallback=n3,n1", c.public_url(n2));
+    assert_eq!((r.status, r.header("location")), (307, Some(expected.as_str())), "{r:?}");
+    assert_eq!(c.metric_labeled(n1, "gateway_handshakes_total", r#"result="sent_on_full""#), Some(1.0));
+    assert_eq!(c.metric_labeled(n1, "gateway_handshakes_total", r#"result="at_capacity""#), None);
+    // n2 accepts it (it leaves n1 and n3 out too), and the old connection on n1 is superseded.
+    let mut ws = c.dial(n2, "/ws?attempt=2&fallback=n3,n1", &Dial::token(&token)).open("sent on to n2");
+    assert_eq!(ws.hello()["node"], "n2");
+    let (_, code, _) = old.expect_close(SLACK, "the old connection on n1 superseded");
+    assert_eq!(code, 4001);
 }

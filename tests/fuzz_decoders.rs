@@ -754,6 +754,7 @@ fn status_report() -> impl Strategy<Value = StatusReport> {
                 matched_index,
                 capacity_connections: matched_index,
                 utilization: lease_remaining_ms.map(|ms| (ms % 1024) as f64 / 64.0),
+                max_connections: matched_index.map(|i| i ^ connections),
             }
         },
     );

@@ -21,8 +21,8 @@ use crate::config::Timing;
 use crate::machine::{
     Ack, BeginScaleIn, Budget, Claim, ClaimReply, ClaimTenant, ClusterEvent, Command, Drain, EndScaleIn, ExtendLeases,
     Floor, Forget, Grant, GrantReply, Init, Member, NodeId, Op, Publish, PublishQuota, PublishReply, Release,
-    ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetTenantPolicy,
-    StreamRead, Suspect, Sweep, Swept, TenantRow,
+    ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetMaxConnections,
+    SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
@@ -218,6 +218,11 @@ impl Handle {
     /// Publishes this node's designed connection capacity (0: undeclared).
     pub async fn set_capacity(&self, capacity_connections: u64) -> Result<(), ProposeError> {
         self.write(SetCapacity { node: self.inner.me, capacity_connections }).await
+    }
+
+    /// Publishes this node's hard connection limit, which placement respects.
+    pub async fn set_max_connections(&self, max_connections: u64) -> Result<(), ProposeError> {
+        self.write(SetMaxConnections { node: self.inner.me, max_connections }).await
     }
 
     /// Takes (or, by its holder `owner`, extends for `ttl_ms`) the serial scale-in lock for

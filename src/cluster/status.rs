@@ -21,6 +21,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
             let capacity = view.state.capacity.get(&id).copied();
             MemberStatus {
                 capacity_connections: capacity,
+                max_connections: view.state.max_connections.get(&id).copied(),
                 utilization: capacity.map(|c| lease.map_or(0, |l| l.connections) as f64 / c as f64),
                 id,
                 name: member.name.clone(),

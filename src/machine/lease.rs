@@ -213,6 +213,7 @@ impl Apply for Forget {
         let n = delete_node_routes(cx.state, cx.tables, self.node)?;
         cx.state.nodes.remove(&self.node);
         cx.state.capacity.remove(&self.node);
+        cx.state.max_connections.remove(&self.node);
         Ok(n)
     }
 }

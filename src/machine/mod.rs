@@ -35,7 +35,7 @@ pub use admission::{Budget, SetAdmission};
 pub use claim::{Claim, ClaimReply, ClaimTenant, Release};
 pub use events::{ClusterEvent, Trigger};
 pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
-pub use scale::{BeginScaleIn, EndScaleIn, ScaleInLock, ScaleInOutcome, ScaleInReply, SetCapacity};
+pub use scale::{BeginScaleIn, EndScaleIn, ScaleInLock, ScaleInOutcome, ScaleInReply, SetCapacity, SetMaxConnections};
 pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
 pub use tenant::{Entry, EntryKind, Exhausted, Grant, GrantReply, Policy, PublishQuota, SetTenantPolicy, TenantRow};
@@ -64,6 +64,8 @@ pub struct State {
     pub scale_in: Option<ScaleInLock>,
     /// Each member's declared connection capacity (`--capacity-connections`), when declared.
     pub capacity: BTreeMap<NodeId, u64>,
+    /// Each member's hard connection limit (`--max-connections`), as it published it.
+    pub max_connections: BTreeMap<NodeId, u64>,
 }
 
 impl State {
@@ -198,6 +200,8 @@ commands! {
     BeginScaleIn => ScaleInReply,
     /// Releases the scale-in lock: whether the caller held it.
     EndScaleIn => bool,
+    /// Records a node's hard connection limit (appended last: older log entries decode unchanged).
+    SetMaxConnections => (),
 }
 
 impl Command {

@@ -191,7 +191,11 @@ impl Model {
             // Streams have their own model below; the generator emits none.
             Command::Publish(_) | Command::Ack(_) => unreachable!("not generated"),
             // Grants touch publish quotas only (their rule has its own tests).
-            Command::Grant(_) | Command::SetCapacity(_) | Command::BeginScaleIn(_) | Command::EndScaleIn(_) => {
+            Command::Grant(_)
+            | Command::SetCapacity(_)
+            | Command::SetMaxConnections(_)
+            | Command::BeginScaleIn(_)
+            | Command::EndScaleIn(_) => {
                 unreachable!("not generated")
             }
         }

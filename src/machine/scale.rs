@@ -25,12 +25,38 @@ impl Apply for SetCapacity {
         if !cx.state.is_member(self.node) {
             return Ok(());
         }
-        if self.capacity_connections == 0 {
-            cx.state.capacity.remove(&self.node);
-        } else {
-            cx.state.capacity.insert(self.node, self.capacity_connections);
-        }
+        set_or_clear(&mut cx.state.capacity, self.node, self.capacity_connections);
         Ok(())
+    }
+}
+
+/// A node's hard connection limit (`--max-connections`, or the one derived from its open-file
+/// limit), published by the node itself when the applied value differs: placement sends no device
+/// to a node whose renewed count has reached it (issue 11). 0 clears it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetMaxConnections {
+    pub node: NodeId,
+    pub max_connections: u64,
+}
+
+impl Apply for SetMaxConnections {
+    type Reply = ();
+
+    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+        if !cx.state.is_member(self.node) {
+            return Ok(());
+        }
+        set_or_clear(&mut cx.state.max_connections, self.node, self.max_connections);
+        Ok(())
+    }
+}
+
+/// A node's published value; 0 clears it.
+fn set_or_clear(values: &mut std::collections::BTreeMap<NodeId, u64>, node: NodeId, value: u64) {
+    if value == 0 {
+        values.remove(&node);
+    } else {
+        values.insert(node, value);
     }
 }
 

@@ -198,3 +198,19 @@ pub fn a_scale_in_needs_the_remaining_capacity_unless_forced<B: Backend>() {
     let sm = sm.reopen();
     assert_eq!(sm.state.capacity.get(&3), Some(&25));
 }
+
+pub fn a_node_publishes_its_connection_limit_and_forgetting_it_clears_it<B: Backend>() {
+    let mut sm = three_live::<B>();
+    let limit = |node, max_connections| -> Command { SetMaxConnections { node, max_connections }.into() };
+    for id in 1..=3 {
+        sm.one(limit(id, 100 * id));
+    }
+    sm.one(limit(9, 5));
+    assert_eq!(sm.state.max_connections.get(&9), None, "not a member: ignored");
+    sm.one(limit(2, 0));
+    assert_eq!(sm.state.max_connections.get(&2), None, "0 clears it");
+    sm.one(Forget { node: 1 }.into());
+    assert_eq!(sm.state.max_connections.get(&1), None, "a forgotten node's goes with it");
+    let sm = sm.reopen();
+    assert_eq!(sm.state.max_connections, BTreeMap::from([(3, 300)]), "it survives a reopen");
+}

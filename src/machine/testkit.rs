@@ -306,6 +306,7 @@ macro_rules! backend_tests {
             one_scale_in_at_a_time_and_the_lock_lapses_unless_extended,
             a_scale_in_keeps_a_quorum_of_healthy_voters,
             a_scale_in_needs_the_remaining_capacity_unless_forced,
+            a_node_publishes_its_connection_limit_and_forgetting_it_clears_it,
         );
         proptest::proptest! {
             #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]

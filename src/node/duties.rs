@@ -46,6 +46,9 @@ pub struct Renewer {
     pub incarnation: u64,
     /// `--capacity-connections`: published once it differs from the applied value.
     pub capacity_connections: u64,
+    /// The registry's hard limit (`--max-connections`, or derived): published the same way, so
+    /// that placement on every node stops sending devices here once the renewed count reaches it.
+    pub max_connections: u64,
 }
 
 impl Renewer {
@@ -84,7 +87,7 @@ impl Renewer {
                     if std::mem::take(&mut failing) {
                         tracing::info!("lease renewals commit again");
                     }
-                    self.publish_capacity().await;
+                    self.publish_limits().await;
                 }
                 Err(e) => {
                     // Retry soon rather than a period later: after a leader dies, the first
@@ -98,16 +101,30 @@ impl Renewer {
         }
     }
 
-    /// Publishes `--capacity-connections` when the applied value differs (a start, a changed flag).
-    async fn publish_capacity(&self) {
-        let applied = self.view.borrow().state.capacity.get(&self.cluster.me()).copied().unwrap_or(0);
-        if applied == self.capacity_connections {
-            return;
+    /// Publishes `--capacity-connections` and the connection limit where the applied values
+    /// differ (a start, a changed flag).
+    async fn publish_limits(&self) {
+        let me = self.cluster.me();
+        let (capacity, limit) = {
+            let view = self.view.borrow();
+            let applied = |m: &std::collections::BTreeMap<_, u64>| m.get(&me).copied().unwrap_or(0);
+            (applied(&view.state.capacity), applied(&view.state.max_connections))
+        };
+        if capacity != self.capacity_connections {
+            match self.cluster.set_capacity(self.capacity_connections).await {
+                Ok(()) => tracing::info!(capacity_connections = self.capacity_connections, "capacity published"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "publishing the capacity did not commit; retrying with the next renewal")
+                }
+            }
         }
-        match self.cluster.set_capacity(self.capacity_connections).await {
-            Ok(()) => tracing::info!(capacity_connections = self.capacity_connections, "capacity published"),
-            Err(e) => {
-                tracing::warn!(error = %e, "publishing the capacity did not commit; retrying with the next renewal")
+        if limit != self.max_connections {
+            match self.cluster.set_max_connections(self.max_connections).await {
+                Ok(()) => tracing::info!(max_connections = self.max_connections, "connection limit published"),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "publishing the connection limit did not commit; retrying with the next renewal"
+                ),
             }
         }
     }

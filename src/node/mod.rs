@@ -229,6 +229,8 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
             max_message_bytes: d.max_message_bytes,
             send_queue: d.send_queue,
             send_queue_bytes: d.send_queue_bytes,
+            pings_sent: metrics.pings_sent.clone(),
+            pongs_received: metrics.pongs_received.clone(),
         },
         sync_pages: SyncBudget::new(d.sync_buffer_bytes, metrics.sync_pages.clone()),
         upstream,
@@ -300,6 +302,7 @@ impl Node {
             renewed: renewed.0,
             incarnation: rand::random(),
             capacity_connections: cfg.scaling.capacity_connections,
+            max_connections: gate.registry.max_sessions() as u64,
         };
         spawn("renewer", Box::pin(renewer.run(stop.clone())));
         spawn(

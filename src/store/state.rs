@@ -34,6 +34,7 @@ const ADMISSION: &str = "admission";
 const EVENT_SEQ: &str = "event_seq";
 const SCALE_IN: &str = "scale_in";
 const CAPACITY: &str = "capacity";
+const MAX_CONNECTIONS: &str = "max_connections";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
 const APPLIED: &str = "applied";
 const CURRENT_SNAPSHOT: &str = "current";
@@ -117,6 +118,7 @@ impl StateDb {
             event_seq: get(EVENT_SEQ)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             scale_in: get(SCALE_IN)?.map(|b| decode(&b)).transpose()?.flatten(),
             capacity: get(CAPACITY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
+            max_connections: get(MAX_CONNECTIONS)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
             // The adapter restores the membership from `applied`.
             members: BTreeMap::new(),
             voters: Default::default(),
@@ -364,6 +366,7 @@ impl<'t> StateTxn<'t> {
             event_seq,
             scale_in,
             capacity,
+            max_connections,
         } = after;
         for (id, lease) in nodes {
             if before.nodes.get(id) != Some(lease) {
@@ -398,6 +401,9 @@ impl<'t> StateTxn<'t> {
         }
         if before.capacity != *capacity {
             self.meta.insert(CAPACITY, encode(capacity)?.as_slice())?;
+        }
+        if before.max_connections != *max_connections {
+            self.meta.insert(MAX_CONNECTIONS, encode(max_connections)?.as_slice())?;
         }
         self.meta.insert(APPLIED, applied)?;
         Ok(())

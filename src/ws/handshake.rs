@@ -90,12 +90,37 @@ fn source_key(ip: std::net::IpAddr) -> Vec<u8> {
     }
 }
 
-/// Where placement sends `device`, given the optional unreachable `fallback` node.
-async fn target(g: &Gate, device: &str, fallback: Option<&String>) -> Option<NodeId> {
+/// Nodes named in `?fallback=` that placement leaves out, at most this many (names the cluster
+/// does not know are ignored).
+const MAX_FALLBACKS: usize = 8;
+
+/// The members `?fallback=a,b` names: nodes the device could not reach, or that were full and
+/// sent it on.
+fn fallbacks(view: &crate::view::ClusterView, fallback: Option<&String>) -> Vec<NodeId> {
+    let names = fallback.map(|f| f.split(',').take(MAX_FALLBACKS).collect::<Vec<_>>()).unwrap_or_default();
+    names.into_iter().filter_map(|f| view.resolve(f)).collect()
+}
+
+/// Where placement sends `device`, leaving out the nodes in `exclude`.
+async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
     let (route, floor) = g.cluster.route(device).await.unwrap_or_default();
     let view = g.cluster.view();
-    let exclude = fallback.and_then(|f| view.resolve(f));
     place(&view, device, route.as_ref(), floor.as_ref(), exclude, g.cluster.now_ms())
+}
+
+/// This node is at `--max-connections`: a redirect to where placement sends `device` without
+/// it, its name added to `?fallback=` so that the next node does not send the device back
+/// before this node's renewed count shows it full; None when there is no such node.
+async fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
+    let view = g.cluster.view();
+    let mut exclude = fallbacks(&view, q.get("fallback"));
+    exclude.push(g.cluster.me());
+    let node = target(g, device, &exclude).await?;
+    // The list is rebuilt from members' names, never copied from the request.
+    let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| m.name.as_str()).collect();
+    let rest = query.split('&').filter(|kv| kv.split('=').next() != Some("fallback"));
+    let query = rest.chain([format!("fallback={}", names.join(",")).as_str()]).collect::<Vec<_>>().join("&");
+    redirect(g, node, &query, "sent_on_full")
 }
 
 /// `GET /v1/placement`: the `/ws` URL this device should use.
@@ -105,7 +130,8 @@ pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
         Ok(v) => v.sub,
         Err(r) => return g.refuse(r),
     };
-    let node = target(&g, &device, q.get("fallback")).await.unwrap_or(g.cluster.me());
+    let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
+    let node = target(&g, &device, &exclude).await.unwrap_or(g.cluster.me());
     let view = g.cluster.view();
     let name = view.member(node).map(|m| m.name.clone()).unwrap_or_default();
     let body = serde_json::json!({"device": device, "node": name, "node_id": node, "url": view.ws_url(node)});
@@ -133,9 +159,11 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "not_websocket").message(msg));
     }
     let me = g.cluster.me();
-    if q.get("steer").map(String::as_str) != Some("off") {
-        if let Some(node) = target(&g, &device, q.get("fallback")).await.filter(|n| *n != me) {
-            if let Some(redirect) = redirect(&g, node, req.uri().query().unwrap_or("")) {
+    let steer = q.get("steer").map(String::as_str) != Some("off");
+    if steer {
+        let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
+        if let Some(node) = target(&g, &device, &exclude).await.filter(|n| *n != me) {
+            if let Some(redirect) = redirect(&g, node, req.uri().query().unwrap_or(""), "redirected") {
                 return redirect;
             }
         }
@@ -146,6 +174,11 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let (registration, mailbox) = match g.registry.register(conn, &device) {
         Ok(v) => v,
         Err(full) => {
+            if steer {
+                if let Some(redirect) = elsewhere(&g, &device, &q, req.uri().query().unwrap_or("")).await {
+                    return redirect;
+                }
+            }
             let msg = format!("this node holds its maximum of {} connections (--max-connections)", full.max);
             return g.refuse(Refusal::unavailable("at_capacity").message(msg));
         }
@@ -268,13 +301,14 @@ pub(crate) fn upgradable<B>(req: &Request<B>) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `307` to `node`'s `/ws` with the same query, or None when its URL is unknown.
-fn redirect(g: &Gate, node: NodeId, query: &str) -> Option<Resp> {
+/// `307` to `node`'s `/ws` with `query`, or None when its URL is unknown; counted under `result`
+/// (`redirected` by placement, `sent_on_full` by a node at its limit).
+fn redirect(g: &Gate, node: NodeId, query: &str, result: &'static str) -> Option<Resp> {
     let view = g.cluster.view();
     let url = view.ws_url(node)?;
     let location = format!("{url}?{query}");
     let name = view.member(node).map(|m| m.name.clone()).unwrap_or_default();
-    g.metrics.handshakes.get_or_create(&ResultLabel { result: "redirected" }).inc();
+    g.metrics.handshakes.get_or_create(&ResultLabel { result }).inc();
     // The Location header carries the query (a browser's `?token=` included, or it could not
     // follow); the body names the URL only: a token is never copied into a body.
     let body = serde_json::json!({"error": "wrong_node", "location": url, "node": name});

@@ -2,9 +2,11 @@
 //! live; else the node of its last accepted claim if live; else the ring owner, skipping nodes
 //! whose connection count exceeds 1.3 × the live mean — for a device never placed before (no
 //! route, no floor), the less loaded of the owner and the next node on the ring. Never a node
-//! whose lease has lapsed, and never the `fallback` node the device reported unreachable. Pure
-//! over its inputs: the counts are the applied ones (they travel with lease renewals), so every
-//! node places a device alike.
+//! whose lease has lapsed, never a `fallback` node (one the device reported unreachable, or a full
+//! node that sent it on), and never a node whose renewed count has reached the connection limit
+//! it published ([`is_full`]) except for the device's own current route. Pure over its inputs:
+//! the counts are the applied ones (they travel with lease renewals), so every node places a
+//! device alike.
 //!
 //! Two choices (issue 15): a node that just joined first takes every new device while the others
 //! hold more than 1.3 × the mean (the overlay); after that, with the owner alone, it would fill at
@@ -25,20 +27,29 @@ pub fn is_live(view: &ClusterView, id: NodeId, now_ms: u64) -> bool {
         && view.lease(id).is_some_and(|l| l.state == LeaseState::Live && l.lease_until_ms > now_ms)
 }
 
-/// The node `device` should connect to, or None if no node is live.
+/// Whether `id`'s renewed connection count has reached the limit it published
+/// (`--max-connections`): it would refuse a new device with `503 at_capacity`. The count is as of
+/// its last renewal (lease/5 ago at most); a node that fills in between sends devices on itself.
+pub fn is_full(view: &ClusterView, id: NodeId) -> bool {
+    let limit = view.state.max_connections.get(&id).copied();
+    limit.is_some_and(|limit| view.lease(id).is_some_and(|l| l.connections >= limit))
+}
+
+/// The node `device` should connect to, or None if no node is live and below its limit. Its
+/// current route's node is kept even when full: the device holds one of its connections.
 pub fn place(
     view: &ClusterView,
     device: &str,
     route: Option<&Route>,
     floor: Option<&Floor>,
-    exclude: Option<NodeId>,
+    exclude: &[NodeId],
     now_ms: u64,
 ) -> Option<NodeId> {
-    let ok = |id: NodeId| Some(id) != exclude && is_live(view, id, now_ms);
+    let ok = |id: NodeId| !exclude.contains(&id) && is_live(view, id, now_ms);
     if let Some(r) = route.filter(|r| ok(r.node)) {
         return Some(r.node);
     }
-    if let Some(f) = floor.filter(|f| ok(f.last_node)) {
+    if let Some(f) = floor.filter(|f| ok(f.last_node) && !is_full(view, f.last_node)) {
         return Some(f.last_node);
     }
     // Two choices only for a device never placed before: one whose node died goes where its
@@ -53,8 +64,9 @@ pub fn successor(view: &ClusterView, device: &str, me: NodeId, now_ms: u64) -> O
     ring_step(view, device, |id| id != me && is_live(view, id, now_ms), false)
 }
 
-/// The ring owner among the nodes `ok` accepts, skipping those above [`OVERLOAD`] × the mean;
-/// with `two_choices`, the less loaded of the owner and the next node on the ring.
+/// The ring owner among the nodes `ok` accepts, skipping full ones and, while another qualifies,
+/// those above [`OVERLOAD`] × the mean; with `two_choices`, the less loaded of the owner and the
+/// next node on the ring.
 fn ring_step(view: &ClusterView, device: &str, ok: impl Fn(NodeId) -> bool, two_choices: bool) -> Option<NodeId> {
     let live: Vec<(NodeId, u64)> = view
         .members()
@@ -68,7 +80,8 @@ fn ring_step(view: &ClusterView, device: &str, ok: impl Fn(NodeId) -> bool, two_
     let id_of = |name: &str| view.id_of_name(name);
     let usable = |name: &str, overlay: bool| {
         id_of(name).is_some_and(|id| {
-            live.iter().any(|(l, c)| *l == id && (!overlay || mean == 0.0 || (*c as f64) <= OVERLOAD * mean))
+            !is_full(view, id)
+                && live.iter().any(|(l, c)| *l == id && (!overlay || mean == 0.0 || (*c as f64) <= OVERLOAD * mean))
         })
     };
     let key = device.as_bytes();
@@ -126,12 +139,12 @@ mod tests {
             view(&[(1, LeaseState::Live, 5_000, 0), (2, LeaseState::Live, 5_000, 0), (3, LeaseState::Live, 5_000, 0)]);
         let route = Route { node: 2, conn: 1, version: 1 };
         let floor = Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node: 3 };
-        assert_eq!(place(&v, "d", Some(&route), Some(&floor), None, NOW), Some(2));
-        assert_eq!(place(&v, "d", None, Some(&floor), None, NOW), Some(3));
-        let owner = place(&v, "d", None, None, None, NOW).unwrap();
+        assert_eq!(place(&v, "d", Some(&route), Some(&floor), &[], NOW), Some(2));
+        assert_eq!(place(&v, "d", None, Some(&floor), &[], NOW), Some(3));
+        let owner = place(&v, "d", None, None, &[], NOW).unwrap();
         assert_eq!(v.member(owner).unwrap().name, v.ring.owner(b"d").unwrap());
         // The reported-unreachable node is never chosen.
-        assert_ne!(place(&v, "d", Some(&route), None, Some(2), NOW), Some(2));
+        assert_ne!(place(&v, "d", Some(&route), None, &[2], NOW), Some(2));
     }
 
     #[test]
@@ -142,10 +155,10 @@ mod tests {
             (3, LeaseState::Expired, 5_000, 0),
         ]);
         let route = Route { node: 1, conn: 1, version: 1 };
-        assert_eq!(place(&v, "d", Some(&route), None, None, NOW), None, "lease of n1 lapsed at 500 < now");
+        assert_eq!(place(&v, "d", Some(&route), None, &[], NOW), None, "lease of n1 lapsed at 500 < now");
         let v = view(&[(1, LeaseState::Live, 5_000, 0), (2, LeaseState::Draining, 5_000, 0)]);
         for d in 0..50 {
-            assert_eq!(place(&v, &format!("d{d}"), None, None, None, NOW), Some(1));
+            assert_eq!(place(&v, &format!("d{d}"), None, None, &[], NOW), Some(1));
         }
     }
 
@@ -153,7 +166,7 @@ mod tests {
     fn a_fresh_node_takes_about_two_shares_of_new_devices_until_it_catches_up() {
         let devices = 2_000;
         let on = |v: &ClusterView, node: NodeId| {
-            (0..devices).filter(|d| place(v, &format!("dev{d}"), None, None, None, NOW) == Some(node)).count()
+            (0..devices).filter(|d| place(v, &format!("dev{d}"), None, None, &[], NOW) == Some(node)).count()
         };
         let live = |id, conns| (id, LeaseState::Live, 5_000, conns);
         // n4 joined a while ago and holds 40: nobody is above 1.3x the mean (85), so the overlay
@@ -171,7 +184,7 @@ mod tests {
         assert_eq!(on(&empty, 4), devices);
         // A device that was here before goes back to its node, whatever the loads.
         let floor = Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node: 2 };
-        assert_eq!(place(&fresh, "dev1", None, Some(&floor), None, NOW), Some(2));
+        assert_eq!(place(&fresh, "dev1", None, Some(&floor), &[], NOW), Some(2));
         // One whose node died goes where its hello said (`successor`, told while n2 lived),
         // whatever the loads did since: no redirect in the storm.
         let died = |loads: &[(NodeId, u64)]| {
@@ -184,11 +197,11 @@ mod tests {
             let told = successor(&fresh, &dev, 2, NOW);
             let floor = Floor { last_node: 2, ..floor };
             for after in [died(&[(1, 100), (3, 100), (4, 40)]), died(&[(1, 100), (3, 60), (4, 95)])] {
-                assert_eq!(place(&after, &dev, None, Some(&floor), None, NOW), told, "{dev}");
+                assert_eq!(place(&after, &dev, None, Some(&floor), &[], NOW), told, "{dev}");
             }
         }
         // Deterministic: the same view places a device the same way every time.
-        assert_eq!(place(&fresh, "dev7", None, None, None, NOW), place(&fresh, "dev7", None, None, None, NOW));
+        assert_eq!(place(&fresh, "dev7", None, None, &[], NOW), place(&fresh, "dev7", None, None, &[], NOW));
     }
 
     #[test]
@@ -200,7 +213,42 @@ mod tests {
             (3, LeaseState::Live, 5_000, 10),
         ]);
         for d in 0..200 {
-            assert_ne!(place(&v, &format!("d{d}"), None, None, None, NOW), Some(1));
+            assert_ne!(place(&v, &format!("d{d}"), None, None, &[], NOW), Some(1));
         }
+    }
+
+    #[test]
+    fn a_node_at_its_published_limit_gets_no_new_device_but_keeps_its_own() {
+        // Run 5 of the 57k fleet: the survivor owning the biggest ring share was at its
+        // --max-connections while nobody was above 1.3x the mean (1,183 here).
+        let live = |id, conns| (id, LeaseState::Live, 5_000, conns);
+        let mut v = view(&[live(1, 1000), live(2, 950), live(3, 780), (4, LeaseState::Expired, 5_000, 0)]);
+        let on_n1 = |v: &ClusterView| {
+            (0..300).filter(|d| successor(v, &format!("d{d}"), 4, NOW) == Some(1)).collect::<Vec<_>>()
+        };
+        let owned = on_n1(&v);
+        assert!(owned.len() > 50, "n1 owns about a third of the ring: {}", owned.len());
+        let limits = |v: &mut ClusterView, l: &[(NodeId, u64)]| {
+            std::sync::Arc::make_mut(&mut v.state).max_connections = l.iter().copied().collect()
+        };
+        limits(&mut v, &[(1, 1000), (2, 2000), (3, 2000)]);
+        assert!(is_full(&v, 1) && !is_full(&v, 2));
+        assert!(on_n1(&v).is_empty(), "the successor told in hello skips a full node");
+        let floor = |last_node| Floor { max_version: 1, max_epoch: 0, max_attempt: 1, last_node };
+        for d in &owned {
+            let dev = format!("d{d}");
+            // The dead node's devices, and devices whose last node is the full one, go elsewhere.
+            assert!(matches!(place(&v, &dev, None, Some(&floor(4)), &[], NOW), Some(2 | 3)), "{dev}");
+            assert!(matches!(place(&v, &dev, None, Some(&floor(1)), &[], NOW), Some(2 | 3)), "{dev}");
+            assert!(matches!(place(&v, &dev, None, None, &[], NOW), Some(2 | 3)), "{dev}");
+            // A device connected there stays (its reconnect supersedes its own connection).
+            let route = Route { node: 1, conn: 1, version: 1 };
+            assert_eq!(place(&v, &dev, Some(&route), Some(&floor(1)), &[], NOW), Some(1));
+        }
+        // One below its limit takes devices again; with every node full there is nowhere to go.
+        limits(&mut v, &[(1, 1001), (2, 2000), (3, 2000)]);
+        assert_eq!(on_n1(&v), owned);
+        limits(&mut v, &[(1, 1000), (2, 950), (3, 780)]);
+        assert_eq!(place(&v, "d1", None, Some(&floor(4)), &[], NOW), None);
     }
 }

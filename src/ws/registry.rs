@@ -182,6 +182,11 @@ impl Registry {
         self.lock().iter().map(|(c, e)| Session { conn: *c, device: e.device.clone(), version: e.version }).collect()
     }
 
+    /// The most sessions this node holds at once (`--max-connections`).
+    pub fn max_sessions(&self) -> usize {
+        self.limits.max_sessions
+    }
+
     pub fn len(&self) -> usize {
         self.lock().len()
     }

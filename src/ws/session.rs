@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use fastwebsockets::upgrade::UpgradeFut;
 use fastwebsockets::{Frame, OpCode, Payload, WebSocketError, WebSocketWrite};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub struct Ups {
     pub tenant: Option<String>,
 }
 
-/// Per-session limits.
+/// Per-session limits, and the node's ping counters.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub ping_ms: u64,
@@ -48,6 +49,8 @@ pub struct SessionConfig {
     pub max_message_bytes: usize,
     pub send_queue: usize,
     pub send_queue_bytes: usize,
+    pub pings_sent: Counter,
+    pub pongs_received: Counter,
 }
 
 /// How a session ended.
@@ -178,7 +181,8 @@ pub async fn run(
     let answers: AnswerSlot = Mutex::new(None);
     // The reader's replies (pongs, answers, the close echo), bounded: the reader waits for room.
     let (out_tx, mut out_rx) = queue::bounded::<Frame<'static>>(cfg.send_queue.max(4));
-    let reading = read_loop(rx, out_tx, ctl_tx, ups, (&answers, &last_seen_ms), started, cfg.max_message_bytes);
+    let seen = (&answers, &last_seen_ms, &cfg.pongs_received);
+    let reading = read_loop(rx, out_tx, ctl_tx, ups, seen, started, cfg.max_message_bytes);
     tokio::pin!(reading);
     let mut read_done = false;
 
@@ -273,6 +277,7 @@ pub async fn run(
                     break;
                 }
                 cursor.flush_ack();
+                cfg.pings_sent.inc();
                 vec![Frame::new(true, OpCode::Ping, None, Payload::Owned(Vec::new()))]
             }
             _ = fired(&mut sync_grace), if cursor.awaiting_sync() => {
@@ -358,7 +363,7 @@ async fn read_loop<S>(
     out: queue::Sender<Frame<'static>>,
     ctl: queue::Sender<Control>,
     mut ups: Ups,
-    (answers, last_seen_ms): (&AnswerSlot, &AtomicU64),
+    (answers, last_seen_ms, pongs): (&AnswerSlot, &AtomicU64, &Counter),
     started: Instant,
     max_bytes: usize,
 ) where
@@ -389,6 +394,9 @@ async fn read_loop<S>(
             }
         };
         last_seen_ms.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        if frame.opcode == OpCode::Pong {
+            pongs.inc();
+        }
         if frame.opcode == OpCode::Close {
             // Echoed (or this is the echo of ours: the writer stops after its own close).
             match close_echo(&frame.payload) {

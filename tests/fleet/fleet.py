@@ -7,10 +7,11 @@ Phases, each a check that fails the run with a `fleet: FAIL <check>: <what was s
            range of devices (--first), connect FLEET_DEVICES devices (every node's /metrics
            `gateway_connections` adds up to it).
   hold     FLEET_HOLD_SECS: every 10 s, the nodes' connections still add up to every device, and no
-           loader made a single new attempt (no device reconnected). Pings: the server sends no
-           counter of them, so the run reads them off the sockets (`ss -ti`): between the start and
-           the end of the hold every device's own TCP connection (same ports) received ping frames
-           (2 bytes each, nothing else flows) and sent pongs (6 bytes each, masked).
+           loader made a single new attempt (no device reconnected). Pings: per device, the run reads
+           them off the sockets (`ss -ti`): between the start and the end of the hold every
+           device's own TCP connection (same ports) received ping frames (2 bytes each, nothing
+           else flows) and sent pongs (6 bytes each, masked); the nodes' gateway_pings_sent_total
+           and gateway_pongs_received_total must count as many.
   kill     SIGKILL the node holding the most devices. Each loader sees it exit (it polls the pids
            every 10 ms) and measures its devices' re-homing; the run merges the loaders' delays
            into 50/99/100 %, runs `gateway plan-storm` for the whole storm (the loaders' model
@@ -276,6 +277,12 @@ class Fleet:
                 out[n["name"]] = None
         return out
 
+    def ping_counters(self):
+        """[pings sent, pongs received] summed over the nodes' /metrics."""
+        texts = [self.metrics(n) for n in self.nodes]
+        return [sum(metric(t, name) or 0 for t in texts)
+                for name in ("gateway_pings_sent_total", "gateway_pongs_received_total")]
+
     def status(self, node):
         return json.loads(self.get(node, "/cluster/status"))
 
@@ -420,6 +427,7 @@ class Fleet:
             return ps if ok else Not(ps)
         base = wait_for("connect", "every loader reports all its devices connected", 30, settled, 0.5)
         base_attempts = [p[3] for p in base]
+        counted_before = self.ping_counters()
         t_ss = time.monotonic()
         before = self.sockets()
         ss_s = time.monotonic() - t_ss
@@ -454,6 +462,7 @@ class Fleet:
             time.sleep(min(10, max(0.1, self.hold_s - elapsed)))
         held_s = time.monotonic() - t_hold
         after = self.sockets()
+        counted = [a - b for a, b in zip(self.ping_counters(), counted_before)]
         kept = [k for k in before if k in after]
         if len(kept) != self.devices:
             raise Fail("hold", f"{len(kept)} of {self.devices} device TCP connections survived the hold unchanged")
@@ -465,6 +474,11 @@ class Fleet:
             starved = sum(1 for p in pings if p < want)
             raise Fail("pings", f"{starved} devices received fewer than {want} pings in {held_s:.0f} s "
                                 f"(min pings {pings[0]}, min pongs {pongs[0]})")
+        # The nodes' own counters (gateway_pings_sent_total, gateway_pongs_received_total) over the
+        # same span must agree: at least `want` per device.
+        if min(counted) < self.devices * want:
+            raise Fail("pings", f"the nodes counted {counted[0]:.0f} pings sent and {counted[1]:.0f} pongs received "
+                                f"in the hold, want >= {self.devices * want}")
         mem = {}
         for n in self.nodes:
             r, c0 = rss(n["proc"].pid), c[n["name"]]
@@ -473,11 +487,13 @@ class Fleet:
                               "connections": c0, "bytes_per_connection": round(per) if per else None}
         loaders_rss = [rss(ld["proc"].pid) for ld in self.loaders]
         self.result.update(held_s=round(held_s), pings_total=sum(pings), pongs_total=sum(pongs),
+                           pings_counted=counted[0], pongs_counted=counted[1],
                            pings_per_device_min=pings[0], pings_per_device_max=pings[-1], pings_want=want,
                            memory=mem, loaders_rss=loaders_rss, loadavg_hold_end=loadavg(), ss_read_s=round(ss_s, 1))
         log(f"hold: done, {held_s:.0f} s, every device on its own TCP connection throughout, 0 reconnects; "
             f"pings per device {pings[0]}..{pings[-1]} (want >= {want}; {sum(pings)} in all), "
-            f"pongs {pongs[0]}..{pongs[-1]}; loadavg {loadavg()}")
+            f"pongs {pongs[0]}..{pongs[-1]}; the nodes counted {counted[0]:.0f} pings sent, "
+            f"{counted[1]:.0f} pongs received; loadavg {loadavg()}")
         for name, m in mem.items():
             log(f"  {name}: {m['connections']} connections, RSS {mib(m['rss_idle'])} idle -> {mib(m['rss_held'])} "
                 f"held ({m['bytes_per_connection']} B/conn), max {mib(m['rss_max'])}")
