@@ -266,6 +266,12 @@ impl Handle {
         read(move || db.route(&device)).await
     }
 
+    /// The route and floor of each device, as applied here, read at one point of the log.
+    pub async fn routes(&self, devices: Vec<String>) -> Result<Vec<crate::store::state::RouteAndFloor>, ReadError> {
+        let db = self.inner.state.clone();
+        read(move || db.routes(&devices)).await
+    }
+
     /// A tenant's row and its last `limit` ledger entries, as applied here.
     pub async fn tenant(&self, tenant: &str, limit: usize) -> Result<(Option<TenantRow>, LedgerRows), ReadError> {
         let (db, tenant) = (self.inner.state.clone(), tenant.to_string());

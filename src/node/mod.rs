@@ -2,6 +2,13 @@
 //! listeners. [`build`] assembles a node (nothing runs yet), [`Node::run`] starts every task on one
 //! tracker, each in its own span, waits for a stop and winds down. Wiring only; decisions live in
 //! the modules it wires (`lifecycle` for start and stop).
+//!
+//! Two runtimes: the device side (public listener, handshakes, sessions) on the process's, the
+//! cluster side (Raft's core and replication, the cluster listener, the proposer, renewals, the
+//! leader's duties and the fence) on a runtime of its own ([`ClusterRuntime`]). A storm of device
+//! handshakes then queues behind itself only: on one shared runtime, 57,000 devices reconnecting
+//! after a leader kill kept the new leader's AppendEntries from being answered within openraft's
+//! deadline (one heartbeat) for half a minute, nothing committed, and every survivor fenced.
 
 pub mod allocator;
 pub mod duties;
@@ -91,6 +98,10 @@ pub struct Node {
     /// TLS of the public and the cluster listener, when configured.
     tls: (Option<Arc<ServerTls>>, Option<Arc<ServerTls>>),
     http: HttpClient,
+    /// The cluster side's client (Raft RPCs, forwarded writes, probes), whose connections live on
+    /// the cluster runtime.
+    cluster_http: HttpClient,
+    cluster_rt: ClusterRuntime,
     metrics: Arc<Metrics>,
     /// Where the secrets came from, for the start-up line.
     secret_sources: [String; 3],
@@ -155,10 +166,17 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     }
     .validate()
     .map_err(|e| NodeError::Config(e.to_string()))?;
-    let http = HttpClient::with_tls(&cluster_secret, peer_client);
+    let http = HttpClient::with_tls(&cluster_secret, peer_client.clone());
+    let cluster_http = HttpClient::with_tls(&cluster_secret, peer_client);
     let log = LogStore::new(log_db, committed.clone(), metrics.clone());
-    let raft = Raft::new(ident.id, Arc::new(raft_config), Network::new(http.clone()), log, sm)
+    let cluster_rt = ClusterRuntime::new()?;
+    // Raft spawns its core and replication tasks on the runtime it is created on.
+    let network = Network::new(cluster_http.clone());
+    let raft = cluster_rt
+        .handle()
+        .spawn(async move { Raft::new(ident.id, Arc::new(raft_config), network, log, sm).await })
         .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let cluster_listener = TcpListener::bind(cfg.cluster_listen)
@@ -169,15 +187,18 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
     let (mode_tx, mode) = watch::channel(Mode::Serving);
     let propose_timeout = Duration::from_millis(t.propose_timeout_ms);
-    let proposer = Proposer::spawn(
-        raft.clone(),
-        http.clone(),
-        propose_timeout,
-        metrics.clone(),
-        clock.clone(),
-        tasks.clone(),
-        stop.clone(),
-    );
+    let proposer = {
+        let _cluster_side = cluster_rt.handle().enter();
+        Proposer::spawn(
+            raft.clone(),
+            cluster_http.clone(),
+            propose_timeout,
+            metrics.clone(),
+            clock.clone(),
+            tasks.clone(),
+            stop.clone(),
+        )
+    };
     let cluster = Handle::new(Parts {
         me: ident.id,
         member,
@@ -249,6 +270,8 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         cluster_listener,
         tls: (device_tls, cluster_tls),
         http,
+        cluster_http,
+        cluster_rt,
         metrics,
         secret_sources: [cluster_src, device_src, backend_src],
         tasks,
@@ -268,6 +291,11 @@ impl Node {
         let spawn = |name: &'static str, task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
             tasks.spawn(task.instrument(tracing::info_span!("task", name)));
         };
+        let cluster_side = self.cluster_rt.handle().clone();
+        let spawn_cluster =
+            |name: &'static str, task: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+                tasks.spawn_on(task.instrument(tracing::info_span!("task", name)), &cluster_side);
+            };
         let conns = TaskTracker::new();
         let ui_events = api::ui::events::record(cluster.clone(), api.ui_events.clone(), stop.clone());
         spawn("ui-events", Box::pin(ui_events));
@@ -290,7 +318,7 @@ impl Node {
         let reloads = self.metrics.tls_reloads.clone();
         spawn("tls-reload", Box::pin(crate::tls::reload::run(reloading, reloads, stop.clone())));
         let cluster_api = api::run(cluster_listener, cluster_tls, api, conns.clone(), stop.clone());
-        spawn("cluster-listener", Box::pin(cluster_api));
+        spawn_cluster("cluster-listener", Box::pin(cluster_api));
         spawn("public-listener", Box::pin(ws::run(public, public_tls, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
         let renewer = duties::Renewer {
@@ -304,14 +332,14 @@ impl Node {
             capacity_connections: cfg.scaling.capacity_connections,
             max_connections: gate.registry.max_sessions() as u64,
         };
-        spawn("renewer", Box::pin(renewer.run(stop.clone())));
-        spawn(
+        spawn_cluster("renewer", Box::pin(renewer.run(stop.clone())));
+        spawn_cluster(
             "leader-duties",
             Box::pin(duties::leader_loop(cluster.clone(), t.clone(), self.metrics.clone(), stop.clone())),
         );
         let suspect =
-            duties::suspect_loop(cluster.clone(), self.http.clone(), t.clone(), self.metrics.clone(), stop.clone());
-        spawn("suspect", Box::pin(suspect));
+            duties::suspect_loop(cluster.clone(), self.cluster_http, t.clone(), self.metrics.clone(), stop.clone());
+        spawn_cluster("suspect", Box::pin(suspect));
         spawn("allocator", Box::pin(allocator::run(self.metrics.clone(), stop.clone())));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let local = (cfg.device.admit_rate, cfg.device.admit_burst);
@@ -325,7 +353,8 @@ impl Node {
         spawn("admission", Box::pin(admission));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);
-        spawn("fence", Box::pin(lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone())));
+        let fence = lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone());
+        spawn_cluster("fence", Box::pin(fence));
         match lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
             Ok(Some(join)) => spawn("join", join),
             Ok(None) => {}
@@ -381,6 +410,37 @@ impl Node {
         }
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// The cluster side's runtime (see the module doc). Shut down in the background when dropped:
+/// a runtime may not be dropped (blocking) inside the device runtime's tasks.
+struct ClusterRuntime(Option<tokio::runtime::Runtime>);
+
+/// Worker threads of the cluster runtime: Raft, the cluster listener and the duties need few;
+/// their blocking pool (redb) is separate.
+const CLUSTER_WORKERS: usize = 2;
+
+impl ClusterRuntime {
+    fn new() -> Result<ClusterRuntime, NodeError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(CLUSTER_WORKERS)
+            .thread_name("cluster")
+            .enable_all()
+            .build()?;
+        Ok(ClusterRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("the cluster runtime lives as long as the node").handle()
+    }
+}
+
+impl Drop for ClusterRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

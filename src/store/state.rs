@@ -59,6 +59,9 @@ pub struct Dump {
     pub data: Vec<u8>,
 }
 
+/// A device's route (if connected) and floor (if it ever claimed).
+pub type RouteAndFloor = (Option<Route>, Option<Floor>);
+
 /// Handle on `state.redb`. Cheap to clone.
 #[derive(Clone)]
 pub struct StateDb {
@@ -138,11 +141,18 @@ impl StateDb {
     }
 
     /// A device's route and floor.
-    pub fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), StoreError> {
+    pub fn route(&self, device: &str) -> Result<RouteAndFloor, StoreError> {
         let txn = self.db.begin_read()?;
         let route = get(&txn.open_table(ROUTES)?, device)?;
         let floor = get(&txn.open_table(FLOORS)?, device)?;
         Ok((route, floor))
+    }
+
+    /// [`StateDb::route`] of each device, in one read transaction.
+    pub fn routes(&self, devices: &[String]) -> Result<Vec<RouteAndFloor>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let (routes, floors) = (txn.open_table(ROUTES)?, txn.open_table(FLOORS)?);
+        devices.iter().map(|d| Ok((get(&routes, d.as_str())?, get(&floors, d.as_str())?))).collect()
     }
 
     /// A tenant's row and its last `limit` ledger entries in (period, consumption id) order.

@@ -278,3 +278,13 @@ fn busiest_tenants_keeps_the_most_connected_and_counts_all() {
     let (total, rows) = db.busiest_tenants(0).unwrap();
     assert_eq!((total, rows.len()), (6, 0));
 }
+
+/// `routes` answers what `route` answers for each device, in order, in one read.
+#[test]
+fn routes_reads_many_devices_as_route_reads_one() {
+    let sm = populated();
+    let devices: Vec<String> = ["d2", "nobody", "d1"].map(String::from).to_vec();
+    let one_by_one: Vec<_> = devices.iter().map(|d| sm.b.db.route(d).unwrap()).collect();
+    assert!(one_by_one[0].0.is_some() && one_by_one[1] == (None, None) && one_by_one[2].1.is_some());
+    assert_eq!(sm.b.db.routes(&devices).unwrap(), one_by_one);
+}

@@ -167,9 +167,16 @@ fn catch_up(gate: &Gate) {
 /// yet (the local route is older than the session's), are left alone.
 pub async fn reconcile(gate: &Arc<Gate>) {
     let me = gate.cluster.me();
-    for s in gate.registry.sessions() {
+    let sessions: Vec<_> = gate.registry.sessions().into_iter().filter(|s| s.version.is_some()).collect();
+    // One read transaction for them all: one blocking hop each took 3.7 s for 19,000 sessions
+    // on a node busy with a reconnect storm, while it went on refusing handshakes.
+    let devices = sessions.iter().map(|s| s.device.clone()).collect();
+    let routes = match gate.cluster.routes(devices).await {
+        Ok(routes) => routes,
+        Err(e) => return tracing::warn!(error = %e, "reconciling sessions: the routes could not be read"),
+    };
+    for (s, (route, floor)) in sessions.into_iter().zip(routes) {
         let Some(version) = s.version else { continue };
-        let Ok((route, floor)) = gate.cluster.route(&s.device).await else { continue };
         match route {
             Some(r) if r.node == me && r.conn == s.conn => {}
             Some(r) if r.version > version => {

@@ -97,18 +97,27 @@ pub fn kill9(pid: u32) -> Result<(), BenchError> {
     }
 }
 
-/// Whether process `pid` still runs: it has a /proc entry and is not a zombie (a killed child
-/// its parent has not reaped yet is dead to us).
+/// Whether process `pid` still runs: it has a /proc entry, is not a zombie (a killed child its
+/// parent has not reaped yet is dead to us) and is not exiting. A killed process closes its
+/// sockets while it exits, before it turns zombie: its devices see their connections drop while
+/// it still looks alive by state alone, and a storm would start late by them.
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| proc_state(&s))
-        .is_some_and(|c| !matches!(c, 'Z' | 'X' | 'x'))
+        .is_some_and(|(state, flags)| !matches!(state, 'Z' | 'X' | 'x') && flags & PF_EXITING == 0)
 }
 
-/// The state letter of a /proc/<pid>/stat line (`pid (comm) S ...`; comm may hold spaces and `)`).
-pub fn proc_state(stat: &str) -> Option<char> {
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+/// The kernel's per-task flag set once `do_exit` starts (include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
+
+/// The state letter and the flags of a /proc/<pid>/stat line (`pid (comm) S ppid pgrp session
+/// tty tpgid flags ...`; comm may hold spaces and `)`).
+pub fn proc_state(stat: &str) -> Option<(char, u64)> {
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let flags = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    Some((state, flags))
 }
 
 /// The soft open-files limit of this process (from /proc/self/limits).
@@ -150,8 +159,9 @@ mod tests {
 
     #[test]
     fn process_state_from_proc_stat() {
-        assert_eq!(proc_state("42 (gateway) S 1 42 42 0"), Some('S'));
-        assert_eq!(proc_state("42 (a (b) c)) Z 1 42"), Some('Z'));
+        assert_eq!(proc_state("42 (gateway) S 1 42 42 0 -1 4194560 170"), Some(('S', 4194560)));
+        assert_eq!(proc_state("42 (a (b) c)) Z 1 42"), Some(('Z', 0)));
+        assert_eq!(proc_state("42 (gateway) R 1 42 42 0 -1 4194564 170").map(|(_, f)| f & PF_EXITING), Some(4));
         assert_eq!(proc_state("garbage"), None);
         assert!(alive(std::process::id()));
         assert!(!alive(u32::MAX), "no such pid");
