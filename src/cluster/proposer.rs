@@ -105,7 +105,7 @@ impl Proposer {
         let mut out = Vec::with_capacity(waiting.len());
         for rx in waiting {
             out.push(match rx {
-                Ok(rx) => self.wait(rx, deadline).await,
+                Ok(rx) => self.wait(rx, deadline, self.timeout).await,
                 Err(e) => Err(e),
             });
         }
@@ -123,12 +123,13 @@ impl Proposer {
     /// hold up the next renewal).
     pub async fn propose_within(&self, cmd: Command, deadline: Duration) -> Result<Reply, ProposeError> {
         let rx = self.enqueue(cmd, false).await?;
-        self.wait(rx, tokio::time::Instant::now() + deadline.min(self.timeout)).await
+        let within = deadline.min(self.timeout);
+        self.wait(rx, tokio::time::Instant::now() + within, within).await
     }
 
     async fn submit(&self, cmd: Command, local_only: bool) -> Result<Reply, ProposeError> {
         let rx = self.enqueue(cmd, local_only).await?;
-        self.wait(rx, tokio::time::Instant::now() + self.timeout).await
+        self.wait(rx, tokio::time::Instant::now() + self.timeout, self.timeout).await
     }
 
     async fn enqueue(
@@ -142,15 +143,18 @@ impl Proposer {
         Ok(rx)
     }
 
+    /// The reply by `deadline`, or a timeout that names the wait it was given (`within`: a
+    /// renewal waits one renewal period, not the propose timeout).
     async fn wait(
         &self,
         rx: oneshot::Receiver<Result<Reply, ProposeError>>,
         deadline: tokio::time::Instant,
+        within: Duration,
     ) -> Result<Reply, ProposeError> {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(ProposeError::Stopped),
-            Err(_) => Err(ProposeError::Timeout(self.timeout.as_millis() as u64)),
+            Err(_) => Err(ProposeError::Timeout(within.as_millis() as u64)),
         }
     }
 }
