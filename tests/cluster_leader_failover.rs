@@ -1,5 +1,6 @@
-//! kill -9 the leader: a new leader is elected within the election bound, writes continue, and every
-//! claim accepted before the kill survives.
+//! kill -9 the leader: a new leader is elected within the election bound (the survivors notice the
+//! dead leader's port and elect once its lease allows), writes continue, and every claim accepted
+//! before the kill survives.
 
 mod common;
 
@@ -41,6 +42,19 @@ fn leader_killed_new_leader_elected_and_no_claim_lost() {
         TIMING.election_timeout_ms
     );
     assert!(survivors.iter().any(|&i| Some(ids[i]) == new_view.leader), "new leader is a survivor");
+    // The survivors saw the leader's cluster port refuse connections (its process is gone) and
+    // started the election as soon as its lease allowed, not a random election timeout later.
+    common::wait_until(TIMING.settle_bound(), "a survivor to notice the dead leader's port", || {
+        let noticed = survivors.iter().any(|&i| {
+            std::fs::read_to_string(&c.nodes[i].stderr_path)
+                .is_ok_and(|log| log.contains("leader's cluster port refuses connections"))
+        });
+        if noticed {
+            Ok(())
+        } else {
+            Err("no survivor logged it")
+        }
+    });
 
     // Writes continue, through both survivors.
     for (k, &i) in survivors.iter().enumerate() {

@@ -59,6 +59,8 @@ struct Inner {
     /// Highest committed log index this node has learned (maintained by the log store).
     committed: Arc<AtomicU64>,
     clock: Arc<ClusterClock>,
+    /// When this node last answered an AppendEntries (see [`Handle::since_last_append`]).
+    last_append: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// What a [`Handle`] is built from (by the composition root).
@@ -95,7 +97,10 @@ impl Leadership {
 impl Handle {
     pub fn new(p: Parts) -> Handle {
         let Parts { me, member, raft, proposer, state, view, timing, committed, clock } = p;
-        Handle { inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed, clock }) }
+        let last_append = std::sync::Mutex::new(None);
+        Handle {
+            inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed, clock, last_append }),
+        }
     }
 
     /// This node's id.
@@ -319,7 +324,22 @@ impl Handle {
 
     /// Hands a Raft RPC (`/raft/*`) to the local Raft instance.
     pub async fn rpc(&self, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, RpcError> {
-        rpc::serve(&self.inner.raft, kind, body).await
+        let reply = rpc::serve(&self.inner.raft, kind, body).await;
+        if kind == RpcKind::Append {
+            *self.inner.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        }
+        reply
+    }
+
+    /// How long ago this node last answered an AppendEntries (a leader's heartbeat or entries);
+    /// None before the first. openraft refuses votes for its leader lease after the last one.
+    pub fn since_last_append(&self) -> Option<Duration> {
+        self.inner.last_append.lock().unwrap_or_else(|p| p.into_inner()).map(|at| at.elapsed())
+    }
+
+    /// Starts an election now (this node becomes a candidate of the next term).
+    pub async fn elect(&self) -> Result<(), String> {
+        self.inner.raft.trigger().elect().await.map_err(|e| e.to_string())
     }
 
     /// The membership as this node's Raft instance knows it.

@@ -340,6 +340,8 @@ impl Node {
         let suspect =
             duties::suspect_loop(cluster.clone(), self.cluster_http, t.clone(), self.metrics.clone(), stop.clone());
         spawn_cluster("suspect", Box::pin(suspect));
+        let elect = duties::prompt_election_loop(cluster.clone(), t.clone(), stop.clone());
+        spawn_cluster("prompt-election", Box::pin(elect));
         spawn("allocator", Box::pin(allocator::run(self.metrics.clone(), stop.clone())));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let local = (cfg.device.admit_rate, cfg.device.admit_burst);
