@@ -101,6 +101,15 @@ fn fallbacks(view: &crate::view::ClusterView, fallback: Option<&String>) -> Vec<
     names.into_iter().filter_map(|f| view.resolve(f)).collect()
 }
 
+/// `exclude` with `me` added once and last; past [`MAX_FALLBACKS`] the oldest go (the next node
+/// reads only the first ones).
+fn with_fallback(mut exclude: Vec<NodeId>, me: NodeId) -> Vec<NodeId> {
+    exclude.retain(|id| *id != me);
+    exclude.push(me);
+    exclude.drain(..exclude.len().saturating_sub(MAX_FALLBACKS));
+    exclude
+}
+
 /// Where placement sends `device`, leaving out the nodes in `exclude`.
 async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
     let (route, floor) = g.cluster.route(device).await.unwrap_or_default();
@@ -113,8 +122,7 @@ async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
 /// before this node's renewed count shows it full; None when there is no such node.
 async fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
-    let mut exclude = fallbacks(&view, q.get("fallback"));
-    exclude.push(g.cluster.me());
+    let exclude = with_fallback(fallbacks(&view, q.get("fallback")), g.cluster.me());
     let node = target(g, device, &exclude).await?;
     // The list is rebuilt from members' names, never copied from the request.
     let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| m.name.as_str()).collect();
@@ -333,6 +341,16 @@ async fn release(g: &Gate, device: &str, conn: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_node_adds_itself_to_the_fallbacks_once_and_newest_last() {
+        assert_eq!(with_fallback(vec![], 1), vec![1]);
+        assert_eq!(with_fallback(vec![3, 1, 2], 1), vec![3, 2, 1]);
+        let full: Vec<NodeId> = (10..10 + MAX_FALLBACKS as u64).collect();
+        let next = with_fallback(full.clone(), 1);
+        assert_eq!(next.len(), MAX_FALLBACKS);
+        assert_eq!((next[0], next[MAX_FALLBACKS - 1]), (full[1], 1), "the oldest goes, this node is kept");
+    }
 
     fn req(headers: &[(&str, &str)]) -> Request<()> {
         let mut b = Request::builder().method("GET").uri("/ws?attempt=1");
