@@ -123,6 +123,14 @@ pub struct Timing {
     pub propose_timeout_ms: u64,
 }
 
+impl Timing {
+    /// openraft's `election_timeout_max`, which is also its leader lease: a voter refuses votes
+    /// this long after its last AppendEntries.
+    pub fn election_timeout_max_ms(&self) -> u64 {
+        self.election_timeout_ms * 2
+    }
+}
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {

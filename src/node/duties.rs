@@ -163,7 +163,7 @@ pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>,
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut extended_term = None;
     // The term this node leads and when it first saw itself leader of it, for the log.
-    let mut leading: Option<(u64, std::time::Instant)> = None;
+    let mut leading: Option<(u64, Instant)> = None;
     let mut leadership = cluster.leadership();
     loop {
         // Wake on the sweep tick, and as soon as this node becomes leader of a new term (so leases
@@ -190,7 +190,7 @@ pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>,
         if extended_term != Some(term) {
             if leading.map(|(t, _)| t) != Some(term) {
                 tracing::info!(term, "leader: elected; extending every lease before sweeping");
-                leading = Some((term, std::time::Instant::now()));
+                leading = Some((term, Instant::now()));
             }
             if sweep_before_extend {
                 let view = cluster.view();
@@ -255,13 +255,13 @@ async fn sweep(cluster: &Handle, metrics: &Metrics) {
 }
 
 /// When a voter whose leader's process is gone may start an election: once no voter can still
-/// honour the dead leader's lease. openraft refuses votes for `election_timeout_max` (twice the
-/// election timeout here) after a voter's last AppendEntries, and would itself wait that lease plus
+/// honour the dead leader's lease. openraft refuses votes for `election_timeout_max`
+/// ([`Timing::election_timeout_max_ms`]) after a voter's last AppendEntries, and would itself wait that lease plus
 /// a random election timeout; another voter may have heard from the leader up to a heartbeat
 /// later than this one. `jitter` (up to half an election timeout) keeps two survivors from
 /// splitting the vote.
 pub fn prompt_election_after(timing: &Timing, jitter: Duration) -> Duration {
-    Duration::from_millis(2 * timing.election_timeout_ms + timing.heartbeat_ms) + jitter
+    Duration::from_millis(timing.election_timeout_max_ms() + timing.heartbeat_ms) + jitter
 }
 
 /// A voter's watch on its leader's process. openraft 0.9 starts an election only after the
@@ -452,8 +452,8 @@ mod tests {
     #[test]
     fn a_prompt_election_waits_out_every_voters_lease_and_beats_openraft_s_own_timer() {
         let timing = Timing { election_timeout_ms: 1000, heartbeat_ms: 250, ..Timing::default() };
-        // openraft's leader lease is election_timeout_max (twice the timeout, node/mod.rs); a
-        // voter may have heard from the leader a heartbeat later than this one.
+        // openraft's leader lease is election_timeout_max (twice the timeout); a voter may have
+        // heard from the leader a heartbeat later than this one.
         let lease = Duration::from_millis(2 * timing.election_timeout_ms);
         let earliest = prompt_election_after(&timing, Duration::ZERO);
         assert!(earliest >= lease + Duration::from_millis(timing.heartbeat_ms));

@@ -158,7 +158,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         cluster_name: "gateway".into(),
         heartbeat_interval: t.heartbeat_ms,
         election_timeout_min: t.election_timeout_ms,
-        election_timeout_max: t.election_timeout_ms * 2,
+        election_timeout_max: t.election_timeout_max_ms(),
         install_snapshot_timeout: 10_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(t.snapshot_logs),
         max_in_snapshot_log_to_keep: t.snapshot_logs.min(1000),
