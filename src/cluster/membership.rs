@@ -8,8 +8,9 @@ use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::ChangeMembers;
 
 use crate::machine::{Member, NodeId};
-use crate::raft::types::Raft;
+use crate::raft::types::{Raft, TypeConfig};
 use crate::wire::MembershipSummary;
+use openraft::async_runtime::WatchReceiver as _;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
@@ -26,7 +27,7 @@ pub enum MembershipError {
 }
 
 pub fn summary(raft: &Raft) -> MembershipSummary {
-    let m = raft.metrics().borrow().membership_config.clone();
+    let m = raft.metrics().borrow_watched().membership_config.clone();
     let mem = m.membership();
     let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
     let mut s = MembershipSummary::default();
@@ -45,7 +46,7 @@ pub fn summary(raft: &Raft) -> MembershipSummary {
 /// Returns `false` when it was already a member (a no-op).
 pub async fn add_learner(raft: &Raft, id: NodeId, member: Member, timeout: Duration) -> Result<bool, MembershipError> {
     {
-        let m = raft.metrics().borrow().membership_config.clone();
+        let m = raft.metrics().borrow_watched().membership_config.clone();
         for (oid, om) in m.membership().nodes() {
             if *oid == id {
                 if *om == member {
@@ -67,7 +68,7 @@ pub async fn add_learner(raft: &Raft, id: NodeId, member: Member, timeout: Durat
 
 /// Promotes a learner to voter while fewer than `max_voters` voters exist; answers whether it is a voter.
 pub async fn promote(raft: &Raft, id: NodeId, max_voters: usize, timeout: Duration) -> Result<bool, MembershipError> {
-    let m = raft.metrics().borrow().membership_config.clone();
+    let m = raft.metrics().borrow_watched().membership_config.clone();
     let mem = m.membership();
     if mem.get_node(&id).is_none() {
         return Err(MembershipError::NotMember(id.to_string()));
@@ -85,7 +86,7 @@ pub async fn promote(raft: &Raft, id: NodeId, max_voters: usize, timeout: Durati
 
 /// Removes `id` from the membership for good, then refills voter slots from learners.
 pub async fn remove(raft: &Raft, id: NodeId, max_voters: usize, timeout: Duration) -> Result<(), MembershipError> {
-    let m = raft.metrics().borrow().membership_config.clone();
+    let m = raft.metrics().borrow_watched().membership_config.clone();
     let mem = m.membership();
     if mem.get_node(&id).is_none() {
         return Err(MembershipError::NotMember(id.to_string()));
@@ -113,7 +114,7 @@ pub async fn refill_voters(raft: &Raft, max_voters: usize, timeout: Duration) ->
 
 /// Finishes a joint configuration a previous leader left behind.
 pub async fn finish_joint(raft: &Raft, timeout: Duration) -> Result<bool, MembershipError> {
-    let m = raft.metrics().borrow().membership_config.clone();
+    let m = raft.metrics().borrow_watched().membership_config.clone();
     let joint = m.membership().get_joint_config();
     if joint.len() <= 1 {
         return Ok(false);
@@ -126,7 +127,7 @@ pub async fn finish_joint(raft: &Raft, timeout: Duration) -> Result<bool, Member
 async fn retry<F, Fut, T>(timeout: Duration, mut op: F) -> Result<(), MembershipError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, RaftError<NodeId, ClientWriteError<NodeId, Member>>>>,
+    Fut: std::future::Future<Output = Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut backoff = Duration::from_millis(50);

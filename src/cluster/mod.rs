@@ -26,11 +26,12 @@ use crate::machine::{
 };
 use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
-use crate::raft::types::Raft;
+use crate::raft::types::{Raft, TypeConfig};
 use crate::store::state::{LedgerRows, StateDb};
 use crate::view::ClusterView;
 use crate::wire::{MembershipSummary, StatusReport};
 use membership::MembershipError;
+use openraft::async_runtime::WatchReceiver as _;
 pub use proposer::ProposeError;
 use proposer::Proposer;
 
@@ -78,13 +79,13 @@ pub struct Parts {
 
 /// Who leads, as this node's Raft instance sees it; wakes on every change.
 pub struct Leadership {
-    rx: watch::Receiver<openraft::RaftMetrics<NodeId, Member>>,
+    rx: openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>,
 }
 
 impl Leadership {
     /// (leader, term) now.
     pub fn now(&self) -> (Option<NodeId>, u64) {
-        let m = self.rx.borrow();
+        let m = self.rx.borrow_watched();
         (m.current_leader, m.current_term)
     }
 
@@ -309,13 +310,13 @@ impl Handle {
 
     /// Committed log entries this node has not applied yet.
     pub fn apply_lag(&self) -> u64 {
-        let applied = self.inner.raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+        let applied = self.inner.raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index);
         self.inner.committed.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(applied)
     }
 
     /// The leader as this node knows it.
     pub fn leader(&self) -> Option<NodeId> {
-        self.inner.raft.metrics().borrow().current_leader
+        self.inner.raft.metrics().borrow_watched().current_leader
     }
 
     pub fn leadership(&self) -> Leadership {
@@ -339,7 +340,7 @@ impl Handle {
 
     /// Starts an election now (this node becomes a candidate of the next term).
     pub async fn elect(&self) -> Result<(), String> {
-        self.inner.raft.trigger().elect().await.map_err(|e| e.to_string())
+        self.inner.raft.trigger().elect(false).await.map_err(|e| e.to_string())
     }
 
     /// The membership as this node's Raft instance knows it.

@@ -18,7 +18,8 @@ use crate::codec::{decode, encode};
 use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES};
 use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
-use crate::raft::types::{Raft, Request};
+use crate::raft::types::{Raft, Request, TypeConfig};
+use openraft::async_runtime::WatchReceiver as _;
 
 /// Where followers forward writes to the leader. Versioned: the reply layout changed with the
 /// per-command replies (`machine::Reply`), and a node of another layout must answer 404 (a
@@ -285,7 +286,8 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
 /// Waits until a leader other than `gone` is known, or `deadline`; whether one is.
 async fn next_leader(raft: &Raft, gone: Option<u64>, deadline: tokio::time::Instant) -> bool {
     let mut metrics = raft.metrics();
-    let known = metrics.wait_for(|m| m.current_leader.is_some() && m.current_leader != gone);
+    let known = metrics
+        .wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some() && m.current_leader != gone);
     let found = matches!(tokio::time::timeout_at(deadline, known).await, Ok(Ok(_)));
     found
 }

@@ -6,10 +6,11 @@ use std::sync::atomic::Ordering;
 use super::Handle;
 use crate::machine::NodeId;
 use crate::wire::{MemberStatus, NodeRef, RingStatus, ScaleInStatus, StatusReport};
+use openraft::async_runtime::WatchReceiver as _;
 
 pub(super) fn report(h: &Handle) -> StatusReport {
     let inner = &h.inner;
-    let m = inner.raft.metrics().borrow().clone();
+    let m = inner.raft.metrics().borrow_watched().clone();
     let view = h.view();
     let now = h.now_ms() as i64;
     let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone());

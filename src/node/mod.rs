@@ -168,7 +168,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     .map_err(|e| NodeError::Config(e.to_string()))?;
     let http = HttpClient::with_tls(&cluster_secret, peer_client.clone());
     let cluster_http = HttpClient::with_tls(&cluster_secret, peer_client);
-    let log = LogStore::new(log_db, committed.clone(), metrics.clone());
+    let log = LogStore::new(log_db, committed.clone(), metrics.clone()).map_err(|e| NodeError::Raft(e.to_string()))?;
     let cluster_rt = ClusterRuntime::new()?;
     // Raft spawns its core and replication tasks on the runtime it is created on.
     let network = Network::new(cluster_http.clone());

@@ -1,25 +1,117 @@
-//! openraft's `RaftLogStorage` over [`LogDb`]: every redb call runs on the blocking pool. Two
-//! savings per entry: replication reads of recent entries come from the in-memory [`Tail`], and
-//! the committed log id (a replay hint) rides with the next append instead of a write of its own.
+//! openraft's `RaftLogStorage` over [`LogDb`]. An append is readable as soon as it returns (the
+//! entries go to the in-memory [`Tail`]) and durable when its callback fires: a dedicated writer
+//! thread writes queued appends in one redb transaction and one fsync, so the leader's fsync runs
+//! while the followers' appends are on the wire (openraft 0.10 replicates without waiting for the
+//! leader's own flush). Every other write and every read of redb goes through the same thread, in
+//! order. The committed log id (a replay hint) rides with the next append; the vote is cached.
 
 use std::fmt::Debug;
+use std::io;
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+use tokio::sync::oneshot;
 
-use super::blocking;
 use super::tail::Tail;
-use super::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::metrics::Metrics;
 use crate::store::log::LogDb;
+use crate::store::StoreError;
+
+/// Most bytes (by [`super::tail::weight`]) one writer transaction folds from queued appends.
+const MAX_GROUP_BYTES: usize = 8 << 20;
+
+/// Work for the writer thread, done in the order it was queued.
+enum Op {
+    Append { entries: Vec<(u64, Entry)>, weight: usize, committed: Option<Option<LogId>>, done: IOFlushed<TypeConfig> },
+    Run(Box<dyn FnOnce(&LogDb) + Send>),
+}
+
+/// The writer thread's queue; the thread ends when the last store clone is dropped.
+struct Writer {
+    tx: Mutex<mpsc::Sender<Op>>,
+}
+
+impl Writer {
+    fn start(db: LogDb, metrics: Arc<Metrics>) -> io::Result<Writer> {
+        let (tx, rx) = mpsc::channel::<Op>();
+        std::thread::Builder::new().name("raft-log".into()).spawn(move || write_loop(&db, &rx, &metrics))?;
+        Ok(Writer { tx: Mutex::new(tx) })
+    }
+
+    fn send(&self, op: Op) -> io::Result<()> {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.send(op).map_err(|_| io::Error::other("the log writer thread has stopped"))
+    }
+
+    /// Runs `f` on the writer thread after every write queued before it.
+    async fn run<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&LogDb) -> Result<T, StoreError> + Send + 'static,
+    ) -> io::Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Op::Run(Box::new(move |db| {
+            let _ = tx.send(f(db));
+        })))?;
+        match rx.await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(io::Error::other(format!("{what}: {e}"))),
+            Err(_) => Err(io::Error::other(format!("{what}: the log writer thread has stopped"))),
+        }
+    }
+}
+
+/// Writes queued appends in groups (one transaction, one fsync) and runs the other operations
+/// between them, in queue order.
+fn write_loop(db: &LogDb, rx: &mpsc::Receiver<Op>, metrics: &Metrics) {
+    let mut next = rx.recv().ok();
+    while let Some(op) = next.take() {
+        let (entries, weight, committed, done) = match op {
+            Op::Run(f) => {
+                f(db);
+                next = rx.recv().ok();
+                continue;
+            }
+            Op::Append { entries, weight, committed, done } => (entries, weight, committed, done),
+        };
+        let (mut rows, mut dones, mut committed, mut bytes) = (entries, vec![done], committed, weight);
+        // Fold the appends queued behind this one, up to the first other operation.
+        while bytes < MAX_GROUP_BYTES {
+            match rx.try_recv() {
+                Ok(Op::Append { entries, weight, committed: c, done }) => {
+                    rows.extend(entries);
+                    dones.push(done);
+                    committed = c.or(committed);
+                    bytes += weight;
+                }
+                Ok(other) => {
+                    next = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        metrics.log_fsyncs.inc();
+        let res = db.append(&rows, committed.as_ref());
+        for done in dones {
+            done.io_completed(res.as_ref().map(|_| ()).map_err(|e| io::Error::other(format!("log append: {e}"))));
+        }
+        if next.is_none() {
+            next = rx.recv().ok();
+        }
+    }
+}
 
 /// The Raft log store; its clones are the log readers.
 #[derive(Clone)]
 pub struct LogStore {
-    db: LogDb,
+    writer: Arc<Writer>,
+    /// The vote as last saved (openraft reads it twice per replication read).
+    vote: Arc<Mutex<Option<Option<Vote>>>>,
     committed: Arc<AtomicU64>,
     /// The last committed log id openraft reported and no append has written yet.
     unsaved_committed: Arc<Mutex<Option<Option<LogId>>>>,
@@ -29,8 +121,14 @@ pub struct LogStore {
 
 impl LogStore {
     /// `committed` is kept current with the committed index openraft reports (for status).
-    pub fn new(db: LogDb, committed: Arc<AtomicU64>, metrics: Arc<Metrics>) -> Self {
-        LogStore { db, committed, unsaved_committed: Default::default(), tail: Default::default(), metrics }
+    pub fn new(db: LogDb, committed: Arc<AtomicU64>, metrics: Arc<Metrics>) -> io::Result<Self> {
+        let writer = Arc::new(Writer::start(db, metrics.clone())?);
+        let (vote, unsaved_committed, tail) = Default::default();
+        Ok(LogStore { writer, vote, committed, unsaved_committed, tail, metrics })
+    }
+
+    fn cached_vote(&self) -> std::sync::MutexGuard<'_, Option<Option<Vote>>> {
+        self.vote.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn tail(&self) -> std::sync::MutexGuard<'_, Tail> {
@@ -66,25 +164,30 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    ) -> Result<Vec<Entry>, io::Error> {
         if let Some(entries) = inclusive(&range).and_then(|(start, end)| self.tail().get(start, end)) {
             return Ok(entries);
         }
         let range = (range.start_bound().cloned(), range.end_bound().cloned());
-        let db = self.db.clone();
-        blocking(ErrorSubject::Logs, ErrorVerb::Read, move || db.entries(range)).await
+        self.writer.run("log read", move |db| db.entries(range)).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        if let Some(v) = *self.cached_vote() {
+            return Ok(v);
+        }
+        let vote: Option<Vote> = self.writer.run("vote read", |db| db.read_vote()).await?;
+        *self.cached_vote() = Some(vote);
+        Ok(vote)
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let db = self.db.clone();
-        let (last_purged_log_id, last) = blocking(ErrorSubject::Logs, ErrorVerb::Read, move || {
-            Ok((db.last_purged::<LogId>()?, db.last::<Entry>()?))
-        })
-        .await?;
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let (last_purged_log_id, last) =
+            self.writer.run("log state read", move |db| Ok((db.last_purged::<LogId>()?, db.last::<Entry>()?))).await?;
         let last_log_id = last.map(|e| e.log_id).or(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
@@ -93,19 +196,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let (db, vote) = (self.db.clone(), *vote);
-        blocking(ErrorSubject::Vote, ErrorVerb::Write, move || db.save_vote(&vote)).await
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        let db = self.db.clone();
-        blocking(ErrorSubject::Vote, ErrorVerb::Read, move || db.read_vote()).await
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let v = *vote;
+        self.writer.run("vote write", move |db| db.save_vote(&v)).await?;
+        *self.cached_vote() = Some(Some(v));
+        Ok(())
     }
 
     /// Kept for the next append to write (openraft calls this on every commit: a write of its
-    /// own would cost every node a redb transaction and two thread hand-offs per entry).
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+    /// own would cost every node a redb transaction per entry).
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, Ordering::Relaxed);
         }
@@ -113,47 +213,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
         if let Some(c) = *self.unsaved_committed() {
             return Ok(c);
         }
-        let db = self.db.clone();
-        blocking(ErrorSubject::Store, ErrorVerb::Read, move || db.read_committed()).await
+        self.writer.run("committed read", |db| db.read_committed()).await
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<(u64, Entry)> = entries.into_iter().map(|e| (e.log_id.index, e)).collect();
-        self.metrics.log_fsyncs.inc();
         self.metrics.log_entries.inc_by(entries.len() as u64);
-        let committed = self.unsaved_committed().take();
-        let (db, tail) = (self.db.clone(), self.tail.clone());
-        let res = blocking(ErrorSubject::Logs, ErrorVerb::Write, move || {
-            db.append(&entries, committed.as_ref())?;
-            let mut tail = lock(&tail);
+        let weight = {
+            let mut tail = self.tail();
             entries.iter().for_each(|(_, e)| tail.push(e));
-            Ok(())
-        })
-        .await;
-        match &res {
-            Ok(()) => callback.log_io_completed(Ok(())),
-            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
-        }
-        res
+            entries.iter().map(|(_, e)| super::tail::weight(e)).sum()
+        };
+        let committed = self.unsaved_committed().take();
+        self.writer.send(Op::Append { entries, weight, committed, done: callback })
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.tail().truncate(log_id.index);
-        let db = self.db.clone();
-        blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move || db.truncate(log_id.index)).await
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map_or(0, |l| l.index + 1);
+        self.tail().truncate(from);
+        self.writer.run("log truncate", move |db| db.truncate(from)).await
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         self.tail().purge(log_id.index);
-        let db = self.db.clone();
-        blocking(ErrorSubject::Log(log_id), ErrorVerb::Delete, move || db.purge(log_id.index, &log_id)).await
+        self.writer.run("log purge", move |db| db.purge(log_id.index, &log_id)).await
     }
 }

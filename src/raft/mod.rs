@@ -12,21 +12,18 @@ pub mod types;
 #[cfg(test)]
 mod suite_test;
 
-use openraft::{ErrorSubject, ErrorVerb};
-
 use crate::store::StoreError;
-use types::StorageError;
 
-/// Runs a store call on the blocking pool; a failure is a `StorageError`, fatal to the node.
-async fn blocking<T, F>(subject: ErrorSubject<u64>, verb: ErrorVerb, f: F) -> Result<T, StorageError>
+/// Runs a store call on the blocking pool; a failure is an I/O error naming `what` (openraft
+/// treats a storage error as fatal to the node).
+async fn blocking<T, F>(what: &'static str, f: F) -> Result<T, std::io::Error>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, StoreError> + Send + 'static,
 {
-    let err: Box<dyn std::error::Error> = match tokio::task::spawn_blocking(f).await {
-        Ok(Ok(value)) => return Ok(value),
-        Ok(Err(e)) => Box::new(e),
-        Err(join) => Box::new(join),
-    };
-    Err(openraft::StorageIOError::new(subject, verb, openraft::AnyError::from_dyn(&*err, None)).into())
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(std::io::Error::other(format!("{what}: {e}"))),
+        Err(join) => Err(std::io::Error::other(format!("{what}: {join}"))),
+    }
 }

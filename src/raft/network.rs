@@ -2,21 +2,21 @@
 //! listener, bodies in the project codec. One pooled client is shared by every target, so
 //! `new_client` is cheap (openraft 0.9 creates one per voter per linearizable read).
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
-};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
-};
+use std::future::Future;
+
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::OptionalSend;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::types::TypeConfig;
+use super::types::{Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::codec::{decode, encode};
 use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
+
+type RpcErr = RPCError<TypeConfig>;
 
 /// Creates per-target clients sharing one connection pool.
 #[derive(Clone)]
@@ -50,22 +50,17 @@ pub struct Peer {
 struct Msg(String);
 
 impl Peer {
-    async fn send<Req, Resp, E>(
+    /// Posts `body` and decodes the target's answer, a `Result` with openraft's error `E`.
+    async fn send<Resp, E>(
         &self,
         path: &str,
-        req: &Req,
+        body: Vec<u8>,
         option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, Member, RaftError<NodeId, E>>>
+    ) -> Result<Resp, RPCError<TypeConfig, E>>
     where
-        Req: Serialize + Entries,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let body = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let limit = if entries(req).is_some() { MAX_APPEND_BYTES } else { MAX_RPC_BYTES };
-        if body.len() > limit && entries(req).is_some_and(|n| n > 1) {
-            return Err(too_large(entries(req), body.len(), limit));
-        }
         // The target id rides along so that a wiped node answering on the old address refuses
         // messages meant for its former identity (openraft would see a follower log reversion).
         let path = format!("{path}?target={}", self.target);
@@ -79,74 +74,99 @@ impl Peer {
             let msg = Msg(format!("{} is now another node: {}", self.node, String::from_utf8_lossy(&bytes)));
             return Err(RPCError::Unreachable(Unreachable::new(&msg)));
         }
-        if status == hyper::StatusCode::PAYLOAD_TOO_LARGE {
-            // The peer's limit is lower than ours: ask openraft for half as many entries.
-            return Err(too_large(entries(req), 2, 1));
-        }
         if !status.is_success() {
             let msg = Msg(format!("{} answered {status}: {}", self.node, String::from_utf8_lossy(&bytes)));
             return Err(RPCError::Network(NetworkError::new(&msg)));
         }
-        let res: Result<Resp, RaftError<NodeId, E>> =
-            decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let res: Result<Resp, E> = decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
     }
 }
 
-/// How many log entries a request carries (appends only), for the size hint.
-trait Entries {
-    fn entries(&self) -> Option<usize> {
-        None
+fn encoded<T: Serialize + ?Sized>(v: &T) -> Result<Vec<u8>, RpcErr> {
+    encode(v).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+/// The longest prefix of `req`'s entries whose encoding fits in `limit` (at least one entry: the
+/// proposer keeps every single entry well below it), encoded. openraft is told the rest was not
+/// sent with a partial success.
+fn fit(whole: &AppendEntriesRequest<TypeConfig>, limit: usize) -> Result<(Vec<u8>, Option<usize>), RpcErr> {
+    let mut body = encoded(whole)?;
+    let all = whole.entries.len();
+    if body.len() <= limit || all <= 1 {
+        return Ok((body, None));
     }
-}
-
-impl Entries for AppendEntriesRequest<TypeConfig> {
-    fn entries(&self) -> Option<usize> {
-        Some(self.entries.len())
+    let mut req = whole.clone();
+    while body.len() > limit && req.entries.len() > 1 {
+        let n = req.entries.len();
+        let keep = (n * limit / body.len().max(1)).clamp(1, n - 1);
+        req.entries.truncate(keep);
+        body = encoded(&req)?;
     }
-}
-impl Entries for InstallSnapshotRequest<TypeConfig> {}
-impl Entries for VoteRequest<NodeId> {}
-
-fn entries(req: &impl Entries) -> Option<usize> {
-    req.entries()
+    let sent = req.entries.len();
+    Ok((body, (sent < all).then_some(sent)))
 }
 
-/// A request of `len` bytes with `entries` log entries is over `limit`: openraft retries an append
-/// with as many entries as fit (a proportional hint, fewer than now, at least one: the proposer
-/// keeps every single entry below the limit), instead of resending the same range forever.
-fn too_large<E: std::error::Error>(
-    entries: Option<usize>,
-    len: usize,
-    limit: usize,
-) -> RPCError<NodeId, Member, RaftError<NodeId, E>> {
-    let hint = entries.map_or(1, |n| (n * limit / len.max(1)).clamp(1, n.saturating_sub(1).max(1)));
-    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint as u64))
-}
+impl RaftNetworkV2<TypeConfig> for Peer {
+    type SnapshotData = SnapshotData;
 
-impl RaftNetwork<TypeConfig> for Peer {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        self.send("/raft/append", &rpc, &option).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>>
-    {
-        self.send("/raft/snapshot", &rpc, &option).await
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr> {
+        let last_sent = |n: usize| rpc.entries.get(n.wrapping_sub(1)).map(|e| e.log_id).or(rpc.prev_log_id);
+        let (body, partial) = fit(&rpc, MAX_APPEND_BYTES)?;
+        let resp: AppendEntriesResponse<TypeConfig> =
+            self.send::<_, RaftError<TypeConfig>>("/raft/append", body, &option).await.map_err(remote_fatal)?;
+        Ok(match (resp, partial) {
+            (AppendEntriesResponse::Success, Some(n)) => AppendEntriesResponse::PartialSuccess(last_sent(n)),
+            (resp, _) => resp,
+        })
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
-        self.send("/raft/vote", &rpc, &option).await
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
+        let body = encoded(&rpc)?;
+        self.send::<_, RaftError<TypeConfig>>("/raft/vote", body, &option).await.map_err(remote_fatal)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let body = encode(&(vote, &snapshot.meta, snapshot.snapshot.get_ref()))
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        if body.len() > MAX_RPC_BYTES {
+            let msg = Msg(format!("a snapshot of {} bytes is over the {MAX_RPC_BYTES}-byte RPC limit", body.len()));
+            return Err(StreamingError::Network(NetworkError::new(&msg)));
+        }
+        let send = self.send::<SnapshotResponse<TypeConfig>, RaftError<TypeConfig>>("/raft/snapshot", body, &option);
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            res = send => res.map_err(|e| match remote_fatal(e) {
+                RPCError::Timeout(t) => StreamingError::Timeout(t),
+                RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                RPCError::Network(n) => StreamingError::Network(n),
+                RPCError::RemoteError(r) => match r.source {},
+            }),
+        }
+    }
+}
+
+/// A remote `RaftError` (the target's Raft is shutting down or failed) is, to the sender, a
+/// target that cannot take the message now.
+fn remote_fatal(e: RPCError<TypeConfig, RaftError<TypeConfig>>) -> RpcErr {
+    match e {
+        RPCError::Timeout(t) => RPCError::Timeout(t),
+        RPCError::Unreachable(u) => RPCError::Unreachable(u),
+        RPCError::Network(n) => RPCError::Network(n),
+        RPCError::RemoteError(r) => RPCError::Unreachable(Unreachable::from_string(r)),
     }
 }

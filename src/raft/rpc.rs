@@ -4,7 +4,9 @@
 
 use crate::codec::{decode, encode, CodecError};
 
-use super::types::Raft;
+use openraft::error::RaftError;
+
+use super::types::{Raft, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
 /// Which Raft message a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +30,12 @@ pub async fn serve(raft: &Raft, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, R
     let reply = match kind {
         RpcKind::Append => encode(&raft.append_entries(decode(body).map_err(RpcError::BadRequest)?).await),
         RpcKind::Vote => encode(&raft.vote(decode(body).map_err(RpcError::BadRequest)?).await),
-        RpcKind::Snapshot => encode(&raft.install_snapshot(decode(body).map_err(RpcError::BadRequest)?).await),
+        RpcKind::Snapshot => {
+            let (vote, meta, data): (Vote, SnapshotMeta, Vec<u8>) = decode(body).map_err(RpcError::BadRequest)?;
+            let snapshot = Snapshot { meta, snapshot: std::io::Cursor::new(data) };
+            let res = raft.install_full_snapshot(vote, snapshot).await.map_err(RaftError::<TypeConfig>::Fatal);
+            encode(&res)
+        }
     };
     reply.map_err(RpcError::Encode)
 }

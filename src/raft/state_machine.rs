@@ -3,17 +3,18 @@
 //! the applied meta (last log id, membership) beside it, and is the only publisher of
 //! [`ClusterView`] and of the apply [`Event`]s.
 
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use openraft::storage::RaftStateMachine;
-use openraft::{EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder};
+use futures_util::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
 use super::blocking;
-use super::types::{Entry, LogId, Response, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
+use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::machine::{self, Event, Input, State};
@@ -103,23 +104,27 @@ impl StateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         Ok((self.applied.last_applied, self.applied.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    async fn apply<Strm>(&mut self, mut stream: Strm) -> Result<(), io::Error>
     where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
-        let entries: Vec<Entry> = entries.into_iter().collect();
+        let (mut entries, mut responders) = (Vec::new(), Vec::new());
+        while let Some((entry, responder)) = stream.try_next().await? {
+            entries.push(entry);
+            responders.push(responder);
+        }
         if entries.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let (db, mut state, mut applied) = (self.db.clone(), self.state.clone(), self.applied.clone());
-        let (responses, state, applied, events) = blocking(ErrorSubject::StateMachine, ErrorVerb::Write, move || {
+        let (responses, state, applied, events) = blocking("state apply", move || {
             db.apply(|tx| {
                 let before = state.clone();
                 let mut events = Vec::new();
@@ -149,25 +154,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // No subscriber (tests, or before the device listener starts) is fine.
             let _ = self.events.send(ev);
         }
-        Ok(responses)
+        for (responder, response) in responders.into_iter().zip(responses) {
+            if let Some(r) = responder {
+                r.send(response);
+            }
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder { db: self.db.clone(), built: self.snapshots_built.clone(), metrics: self.metrics.clone() }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
         let (db, smeta, data) = (self.db.clone(), meta.clone(), snapshot.into_inner());
-        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-        let (state, applied) = blocking(subject, ErrorVerb::Write, move || {
+        let (state, applied) = blocking("snapshot install", move || {
             let applied = Applied { last_applied: smeta.last_log_id, membership: smeta.last_membership.clone() };
             let stored = encode(&(&smeta, &data))?;
             restore(db.install(&data, &encode(&applied)?, order(&smeta), &stored)?)
@@ -180,14 +181,33 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let db = self.db.clone();
-        let current = blocking(ErrorSubject::Snapshot(None), ErrorVerb::Read, move || {
-            db.load_snapshot()?.map(|b| decode::<(SnapshotMeta, Vec<u8>)>(&b)).transpose().map_err(StoreError::from)
+        let current = blocking("snapshot read", move || {
+            db.load_snapshot()?.map(|b| decode_snapshot(&b)).transpose().map_err(StoreError::from)
         })
         .await?;
-        Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+        Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Cursor::new(data) }))
     }
+}
+
+/// A snapshot's meta as openraft 0.9 wrote it, with an id that 0.10 no longer has: read from stores
+/// written before the upgrade.
+#[derive(Deserialize)]
+struct SnapshotMetaV09 {
+    last_log_id: Option<LogId>,
+    last_membership: StoredMembership,
+    #[allow(dead_code)]
+    snapshot_id: String,
+}
+
+/// A stored snapshot (its meta and data), in either layout. The layouts cannot be confused: the
+/// 0.9 one read as the current one always leaves its data behind as trailing bytes.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotMeta, Vec<u8>), crate::codec::CodecError> {
+    decode::<(SnapshotMeta, Vec<u8>)>(bytes).or_else(|e| match decode::<(SnapshotMetaV09, Vec<u8>)>(bytes) {
+        Ok((m, data)) => Ok((SnapshotMeta { last_log_id: m.last_log_id, last_membership: m.last_membership }, data)),
+        Err(_) => Err(e),
+    })
 }
 
 /// Snapshots are ordered by the index they were taken at (committed log ids with one index are
@@ -204,23 +224,20 @@ pub struct SnapshotBuilder {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let db = self.db.clone();
-        let n = self.built.fetch_add(1, Ordering::Relaxed) + 1;
-        let (meta, data) = blocking(ErrorSubject::Snapshot(None), ErrorVerb::Read, move || {
+        self.built.fetch_add(1, Ordering::Relaxed);
+        let (meta, data) = blocking("snapshot build", move || {
             let dump = db.dump()?;
             let applied: Applied = dump.applied.as_deref().map(decode).transpose()?.unwrap_or_default();
-            let snapshot_id = match applied.last_applied {
-                Some(l) => format!("{}-{}-{n}", l.leader_id, l.index),
-                None => format!("none-{n}"),
-            };
-            let smeta =
-                SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.membership, snapshot_id };
+            let smeta = SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.membership };
             db.save_snapshot(order(&smeta), &encode(&(&smeta, &dump.data))?)?;
             Ok((smeta, dump.data))
         })
         .await?;
         self.metrics.snapshots_built.inc();
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+        Ok(Snapshot { meta, snapshot: Cursor::new(data) })
     }
 }

@@ -96,13 +96,13 @@ impl Tail {
 mod tests {
     use super::*;
     use crate::machine::{Claim, Command};
+    use crate::raft::types::log_id;
     use crate::raft::types::Request;
-    use openraft::{CommittedLeaderId, LogId};
 
     fn entry(index: u64, device_bytes: usize) -> Entry {
         let claim = Claim { device: "d".repeat(device_bytes), node: 1, conn: index, epoch: 0, attempt: 1 };
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: log_id(1, 1, index),
             payload: EntryPayload::Normal(Request { cmds: vec![Command::Claim(claim)] }),
         }
     }
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(t.bounds(), Some((1, 4)));
         // A new entry 5 (another term's) replaces the deleted one.
         let mut other = entry(5, 8);
-        other.log_id = LogId::new(CommittedLeaderId::new(2, 2), 5);
+        other.log_id = log_id(2, 2, 5);
         t.push(&other);
         assert_eq!(t.get(5, 5).unwrap()[0], other);
         t.purge(2);
