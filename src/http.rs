@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 /// Raft network splits appends (`PayloadTooLarge`).
 pub const MAX_RPC_BYTES: usize = 64 << 20;
 
-/// The most a Raft append may carry: openraft 0.9 allows an append one heartbeat interval,
+/// The most a Raft append may carry: openraft allows an append one heartbeat interval,
 /// transfer, decoding and the follower's fsync included, so appends stay small; a larger one is
 /// split (the network answers `PayloadTooLarge` with a hint of how many entries fit).
 pub const MAX_APPEND_BYTES: usize = 2 << 20;

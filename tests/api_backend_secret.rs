@@ -49,9 +49,9 @@ fn a_backend_secret_publishes_and_reads_routes_and_reaches_nothing_else() {
         assert_eq!(status, 200, "a backend reads routes: {route}");
         let me = c.node_id(i);
         let refused = [
-            ("POST", format!("/raft/append?target={me}")),
-            ("POST", format!("/raft/vote?target={me}")),
-            ("POST", format!("/raft/snapshot?target={me}")),
+            ("POST", format!("/raft/v2/append?target={me}")),
+            ("POST", format!("/raft/v2/vote?target={me}")),
+            ("POST", format!("/raft/v2/snapshot?target={me}")),
             ("POST", "/cluster/propose/v2".to_string()),
             ("GET", "/cluster/status".to_string()),
             ("POST", "/cluster/join".to_string()),

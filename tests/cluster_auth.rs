@@ -26,9 +26,9 @@ fn unauthenticated_requests_are_refused_and_change_nothing() {
     let join = format!(r#"{{"node":"{n2_addr}","addr":"{n2_addr}"}}"#);
     let vote = r#"{"vote":{"leader_id":{"term":999,"node_id":1},"committed":false},"last_log_id":null}"#.to_string();
     let requests: Vec<(&str, &str, String)> = vec![
-        ("POST", "/raft/append", "garbage".into()),
-        ("POST", "/raft/vote", vote),
-        ("POST", "/raft/snapshot", String::new()),
+        ("POST", "/raft/v2/append", "garbage".into()),
+        ("POST", "/raft/v2/vote", vote),
+        ("POST", "/raft/v2/snapshot", String::new()),
         ("POST", "/cluster/join", join),
         ("POST", "/cluster/leave", leave),
         ("POST", "/v1/devices/d1/claim", claim),

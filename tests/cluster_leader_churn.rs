@@ -31,7 +31,7 @@ fn a_dead_member_is_swept_while_leaders_keep_changing() {
     let killed = Instant::now();
     // One lease, one extension's lease, a sweep, and the elections in between.
     let bound = Duration::from_millis(2 * TIMING.lease_ms + TIMING.sweep_ms + 8 * TIMING.election_timeout_ms) + SLACK;
-    // Long enough for the other four to elect a new leader (an openraft 0.9 election takes up to
+    // Long enough for the other four to elect a new leader (an openraft election takes up to
     // ~4 election timeouts).
     let pause = Duration::from_millis(4 * TIMING.election_timeout_ms);
     let mut changes = 0;

@@ -11,7 +11,7 @@ use common::proxy::DelayProxy;
 use common::ws::{Dial, Outcome};
 use common::{wait_until, Cluster, Start, TIMING};
 
-/// Below the delay; the delay stays below the heartbeat (100 ms in tests): openraft 0.9 times an
+/// Below the delay; the delay stays below the heartbeat (100 ms in tests): openraft times an
 /// AppendEntries out after one heartbeat interval, so a follower further away than that does
 /// not replicate at all.
 const THRESHOLD_MS: u64 = 40;

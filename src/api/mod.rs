@@ -174,9 +174,10 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         return error(StatusCode::CONFLICT, "wrong_target", format!("this is node {me}, not {wanted}"));
     }
     match (&method, segments.as_slice()) {
-        (&Method::POST, ["raft", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
-        (&Method::POST, ["raft", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, &body).await,
-        (&Method::POST, ["raft", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, &body).await,
+        (&Method::POST, ["raft", "v2", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
+        (&Method::POST, ["raft", "v2", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, &body).await,
+        (&Method::POST, ["raft", "v2", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, &body).await,
+        (&Method::POST, ["raft", "v2", "transfer-leader"]) => raft_rpc::raft(api, RpcKind::TransferLeader, &body).await,
         (&Method::POST, ["cluster", "propose", "v2"]) => raft_rpc::propose(api, &body).await,
         (&Method::GET, ["cluster", "status"]) => admin::status(api),
         (&Method::GET, ["cluster", "identity"]) => admin::identity(api),

@@ -195,6 +195,31 @@ impl Handle {
         self.write(SetAdmission { budget }).await
     }
 
+    /// If this node leads, hands leadership to the voter whose log is furthest along and waits,
+    /// at most one leader lease, until another node leads: a stopping leader costs the cluster
+    /// one election round trip instead of its leader lease plus an election timeout. Answers the
+    /// new leader, or why there is none.
+    pub async fn hand_over_leadership(&self) -> Result<NodeId, String> {
+        let within = Duration::from_millis(self.inner.timing.election_timeout_max_ms());
+        let me = self.inner.me;
+        let raft = &self.inner.raft;
+        let m = raft.metrics().borrow_watched().clone();
+        if m.current_leader != Some(me) {
+            return Err("not the leader".into());
+        }
+        let matched = |id: &NodeId| m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index);
+        let voters = m.membership_config.membership().voter_ids().filter(|&v| v != me).collect::<Vec<_>>();
+        let to = voters.into_iter().max_by_key(|v| matched(v)).ok_or("no other voter")?;
+        raft.trigger().transfer_leader(to).await.map_err(|e| e.to_string())?;
+        let mut rx = raft.metrics();
+        let moved = rx.wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != me));
+        match tokio::time::timeout(within, moved).await {
+            Ok(Ok(m)) => m.current_leader.ok_or_else(|| "no leader".into()),
+            Ok(Err(_)) => Err("raft stopped".into()),
+            Err(_) => Err(format!("no other leader within {within:?}")),
+        }
+    }
+
     /// Deletes every route of a node (the end of a drain); how many.
     pub async fn release_node(&self, node: NodeId) -> Result<u64, ProposeError> {
         self.write(ReleaseNode { node }).await

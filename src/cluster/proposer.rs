@@ -1,5 +1,7 @@
-//! The batching proposer (design §2 "Batching"). openraft 0.9 awaits a log flush inside every
-//! `client_write`, so one entry per write would mean one fsync per write. The proposer folds every
+//! The batching proposer (design §2 "Batching"). Every log entry costs each node an append and an
+//! apply transaction and the leader a replication message per follower, so one entry per write
+//! would cost that per write (the log writer folds queued appends into one fsync, but not the
+//! rest). The proposer folds every
 //! command that queued while the previous entry committed into one `Request` (bounded, no fixed
 //! linger) and hands each caller its own reply. On a follower the batch is forwarded to the
 //! leader's `/cluster/propose/v2`, where the leader's proposer batches it again and stamps time.

@@ -385,7 +385,7 @@ impl Config {
                 .or(file.device_reconnect_window_ms)
                 .unwrap_or(dd.device_reconnect_window_ms),
             // A claim parks through a leader election (the proposer waits for the next leader):
-            // by default long enough for an openraft 0.9 election (up to ~4 election timeouts).
+            // by default long enough for an openraft election (up to ~4 election timeouts).
             handshake_timeout_ms: flags.handshake_timeout_ms.or(file.handshake_timeout_ms).unwrap_or(
                 dd.handshake_timeout_ms.max(timing.election_timeout_ms.saturating_mul(4).saturating_add(1_000)),
             ),

@@ -100,7 +100,7 @@ impl Config {
             return bad(format!("lease_ms ({}) must be >= 300 and >= 3 x heartbeat_ms", t.lease_ms));
         }
         // A node fences itself when no renewal committed for 4/5 of a lease; renewals go out every
-        // lease/5 and an openraft 0.9 election can take up to ~4 election timeouts (followers
+        // lease/5 and an openraft election can take up to ~4 election timeouts (followers
         // honour the old leader's lease for 2 of them): 0.6 x 8 = 4.8 election timeouts of room.
         // A shorter lease fences every node during an ordinary failover.
         if t.lease_ms < 8 * t.election_timeout_ms {

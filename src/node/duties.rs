@@ -264,7 +264,7 @@ pub fn prompt_election_after(timing: &Timing, jitter: Duration) -> Duration {
     Duration::from_millis(timing.election_timeout_max_ms() + timing.heartbeat_ms) + jitter
 }
 
-/// A voter's watch on its leader's process. openraft 0.9 starts an election only after the
+/// A voter's watch on its leader's process. openraft starts an election only after the
 /// leader lease plus an election timeout of silence (3-4 s with the defaults), whatever the
 /// reason for it. When the leader has been silent for two heartbeats and its cluster port refuses
 /// connections (its process is gone: a pause or a partition times out instead), this voter starts
@@ -464,7 +464,7 @@ mod tests {
 
     #[test]
     fn a_failover_fits_between_the_last_renewal_and_the_fence() {
-        // The shortest lease the config allows is 8 election timeouts; an openraft 0.9 election
+        // The shortest lease the config allows is 8 election timeouts; an openraft election
         // can take 4. The last renewal may have gone out a whole period before the leader died.
         for election_ms in [100u64, 400, 1000, 5000] {
             let lease_ms = 8 * election_ms;

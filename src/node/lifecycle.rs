@@ -155,9 +155,6 @@ async fn seed_budget(cluster: Handle, (rate, burst): (f64, u32), cancel: Cancell
 /// cluster, a goodbye to its devices.
 pub async fn stop(gate: &Gate, mode: &watch::Sender<Mode>, drain_with: Option<&DrainConfig>) {
     match drain_with {
-        // openraft 0.9 has no leadership transfer, and followers refuse votes while the leader's
-        // lease (election_timeout_max) runs: if this node led, the others elect a new leader
-        // within about two election timeouts of its exit.
         Some(cfg) => drain(gate, mode, cfg).await,
         None => say_goodbye(gate, Duration::from_secs(1)).await,
     }
@@ -199,6 +196,12 @@ pub async fn drain(gate: &Gate, mode: &watch::Sender<Mode>, cfg: &DrainConfig) {
     match gate.cluster.release_node(me).await {
         Ok(_) => tracing::info!(total, left, elapsed = ?started.elapsed(), "drained: released this node's routes"),
         Err(e) => tracing::warn!(error = %e, "drained, but ReleaseNode did not commit; the lease covers it"),
+    }
+    // Followers refuse votes while the leader's lease runs: without a handover, a stopping leader
+    // would leave the cluster without one for that lease plus an election timeout.
+    match gate.cluster.hand_over_leadership().await {
+        Ok(to) => tracing::info!(to, "drained: handed leadership over"),
+        Err(why) => tracing::debug!(why, "drained: no leadership to hand over"),
     }
 }
 

@@ -1,12 +1,17 @@
-//! openraft's network over HTTP: `POST /raft/{append,vote,snapshot}` on the target's cluster
-//! listener, bodies in the project codec. One pooled client is shared by every target, so
-//! `new_client` is cheap (openraft 0.9 creates one per voter per linearizable read).
+//! openraft's network (v2) over HTTP: `POST /raft/v2/{append,vote,snapshot,transfer-leader}` on the target's
+//! cluster listener, bodies in the project codec. `v2` is openraft 0.10's message layout: a node of
+//! the 0.9 layout (`/raft/append`, ...) answers 404, a failed RPC, never a misread one. An append
+//! over the size limit sends the entries that fit and reports a partial success; a snapshot goes
+//! whole, in one request. One pooled client is shared by every target, so `new_client` is cheap.
 
 use std::future::Future;
 
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
 use openraft::OptionalSend;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -118,7 +123,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         let last_sent = |n: usize| rpc.entries.get(n.wrapping_sub(1)).map(|e| e.log_id).or(rpc.prev_log_id);
         let (body, partial) = fit(&rpc, MAX_APPEND_BYTES)?;
         let resp: AppendEntriesResponse<TypeConfig> =
-            self.send::<_, RaftError<TypeConfig>>("/raft/append", body, &option).await.map_err(remote_fatal)?;
+            self.send::<_, RaftError<TypeConfig>>("/raft/v2/append", body, &option).await.map_err(remote_fatal)?;
         Ok(match (resp, partial) {
             (AppendEntriesResponse::Success, Some(n)) => AppendEntriesResponse::PartialSuccess(last_sent(n)),
             (resp, _) => resp,
@@ -131,7 +136,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
         let body = encoded(&rpc)?;
-        self.send::<_, RaftError<TypeConfig>>("/raft/vote", body, &option).await.map_err(remote_fatal)
+        self.send::<_, RaftError<TypeConfig>>("/raft/v2/vote", body, &option).await.map_err(remote_fatal)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RpcErr> {
+        let body = encoded(&req)?;
+        self.send::<_, RaftError<TypeConfig>>("/raft/v2/transfer-leader", body, &option).await.map_err(remote_fatal)
     }
 
     async fn full_snapshot(
@@ -147,7 +161,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             let msg = Msg(format!("a snapshot of {} bytes is over the {MAX_RPC_BYTES}-byte RPC limit", body.len()));
             return Err(StreamingError::Network(NetworkError::new(&msg)));
         }
-        let send = self.send::<SnapshotResponse<TypeConfig>, RaftError<TypeConfig>>("/raft/snapshot", body, &option);
+        let send = self.send::<SnapshotResponse<TypeConfig>, RaftError<TypeConfig>>("/raft/v2/snapshot", body, &option);
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
             res = send => res.map_err(|e| match remote_fatal(e) {

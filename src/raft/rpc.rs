@@ -14,6 +14,8 @@ pub enum RpcKind {
     Append,
     Vote,
     Snapshot,
+    /// The leader hands leadership to this node (it is about to stop).
+    TransferLeader,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +37,10 @@ pub async fn serve(raft: &Raft, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, R
             let snapshot = Snapshot { meta, snapshot: std::io::Cursor::new(data) };
             let res = raft.install_full_snapshot(vote, snapshot).await.map_err(RaftError::<TypeConfig>::Fatal);
             encode(&res)
+        }
+        RpcKind::TransferLeader => {
+            let req = decode(body).map_err(RpcError::BadRequest)?;
+            encode(&raft.handle_transfer_leader(req).await.map_err(RaftError::<TypeConfig>::Fatal))
         }
     };
     reply.map_err(RpcError::Encode)

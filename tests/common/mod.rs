@@ -51,7 +51,7 @@ impl Timing {
 
     /// A dead node is expired everywhere within lease + one sweep, plus an election when it led:
     /// the new leader's ExtendLeases pushes every lease (the dead leader's too) to its own now +
-    /// lease before sweeping. An openraft 0.9 election takes up to ~4 election timeouts (followers
+    /// lease before sweeping. An openraft election takes up to ~4 election timeouts (followers
     /// honour the old leader's lease for election_timeout_max = 2 of them).
     pub fn expiry_bound(&self) -> Duration {
         Duration::from_millis(self.lease_ms + self.sweep_ms + 4 * self.election_timeout_ms) + SLACK
