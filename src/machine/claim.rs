@@ -58,7 +58,13 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
     let Claim { device, node, conn, epoch, attempt } = c;
     let claim = (epoch, attempt);
     let floor = cx.tables.floor(&device)?;
-    let route = cx.tables.route(&device)?;
+    // Only an accepted claim writes a route or a device's tenant, and it writes the floor beside
+    // them; floors are never deleted. So a device without a floor has neither: no reads for
+    // them (every first claim of a device saves these B-tree lookups).
+    let route = match floor {
+        Some(_) => cx.tables.route(&device)?,
+        None => None,
+    };
     if let Some(f) = &floor {
         if claim <= (f.max_epoch, f.max_attempt) {
             // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
@@ -82,15 +88,19 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
         }
     }
     let version = floor.as_ref().map_or(0, |f| f.max_version) + 1;
-    let superseded = match route {
+    let superseded = match &route {
         Some(old) => {
-            remove_route(cx.state, cx.tables, &device, &old)?;
+            // The old route's row and index entry are overwritten or moved by `put_route`.
+            uncount_tenant(cx.tables, &device)?;
+            if let Some(l) = cx.state.nodes.get_mut(&old.node) {
+                l.routes = l.routes.saturating_sub(1);
+            }
             cx.events.push(Event::Superseded { node: old.node, conn: old.conn });
             Some(Superseded { node: old.node, conn: old.conn })
         }
         None => None,
     };
-    cx.tables.put_route(&device, &Route { node, conn, version })?;
+    cx.tables.put_route(&device, &Route { node, conn, version }, route.map(|r| r.node))?;
     if let Some(l) = cx.state.nodes.get_mut(&node) {
         l.routes += 1;
     }
@@ -99,7 +109,9 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
             count_route(cx.tables, t, 1)?;
             cx.tables.put_device_tenant(&device, t)?;
         }
-        None => cx.tables.remove_device_tenant(&device)?,
+        // Without a floor there is no tenant row to delete (see above).
+        None if floor.is_some() => cx.tables.remove_device_tenant(&device)?,
+        None => {}
     }
     let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
     cx.tables.put_floor(&device, &floor)?;

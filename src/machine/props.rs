@@ -315,6 +315,10 @@ impl Invariants {
             assert!(route.version >= *seen, "{device}: route version went down");
             *seen = route.version;
         }
+        // A claim of a device without a floor reads neither its route nor its tenant row.
+        for device in t.routes.keys().chain(t.device_tenants.keys()) {
+            assert!(t.floors.contains_key(device), "{device}: a route or tenant row without a floor");
+        }
         let index: BTreeSet<(NodeId, String)> = t.routes.iter().map(|(d, r)| (r.node, d.clone())).collect();
         assert_eq!(t.node_routes, index, "the node index differs from the routes");
         for (device, floor) in &t.floors {

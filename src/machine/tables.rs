@@ -13,8 +13,10 @@ pub trait Tables {
     type Error;
 
     fn route(&self, device: &str) -> Result<Option<Route>, Self::Error>;
-    /// Stores the route and indexes it under its node.
-    fn put_route(&mut self, device: &str, route: &Route) -> Result<(), Self::Error>;
+    /// Stores the route and indexes it under its node, replacing the device's current route if
+    /// it has one: `replaces` names that route's node (its index entry moves unless the node is
+    /// the same).
+    fn put_route(&mut self, device: &str, route: &Route, replaces: Option<NodeId>) -> Result<(), Self::Error>;
     /// Deletes the device's route and its index entry under `node`.
     fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), Self::Error>;
     /// Devices whose route names `node`, in device order.
@@ -86,7 +88,10 @@ pub mod mem {
         fn route(&self, device: &str) -> Result<Option<Route>, Infallible> {
             Ok(self.routes.get(device).cloned())
         }
-        fn put_route(&mut self, device: &str, route: &Route) -> Result<(), Infallible> {
+        fn put_route(&mut self, device: &str, route: &Route, replaces: Option<NodeId>) -> Result<(), Infallible> {
+            if let Some(old) = replaces {
+                self.node_routes.remove(&(old, device.to_string()));
+            }
             self.routes.insert(device.to_string(), route.clone());
             self.node_routes.insert((route.node, device.to_string()));
             Ok(())

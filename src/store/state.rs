@@ -3,11 +3,15 @@
 //! from the log; building or installing a snapshot commits durably, so the state on disk is never
 //! behind a purged log. Callers run every function here on the blocking pool.
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, WriteTransaction};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    WriteTransaction,
+};
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
@@ -135,7 +139,7 @@ impl StateDb {
     pub fn apply<R>(&self, f: impl FnOnce(&mut StateTxn<'_>) -> Result<R, StoreError>) -> Result<R, StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::None)?;
-        let out = f(&mut StateTxn::open(&txn)?)?;
+        let out = f(&mut StateTxn::open(&txn))?;
         txn.commit()?;
         Ok(out)
     }
@@ -323,40 +327,69 @@ where
 /// Ledger entries as read: (period, consumption id, entry), oldest first.
 pub type LedgerRows = Vec<(u64, String, Entry)>;
 
-/// The tables of one apply transaction, opened once; the rules run over them as [`Tables`].
+/// One table of an apply transaction, opened on first use: an entry touches a few of the
+/// registry's tables, and each open one costs a lookup on open and another on commit.
+struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    def: TableDefinition<'static, K, V>,
+    table: OnceCell<Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(def: TableDefinition<'static, K, V>) -> Self {
+        Lazy { def, table: OnceCell::new() }
+    }
+
+    fn get(&self, txn: &'t WriteTransaction) -> Result<&Table<'t, K, V>, StoreError> {
+        if self.table.get().is_none() {
+            // Never set meanwhile: `set` cannot fail here.
+            let _ = self.table.set(txn.open_table(self.def)?);
+        }
+        Ok(self.table.get().expect("opened above"))
+    }
+
+    fn get_mut(&mut self, txn: &'t WriteTransaction) -> Result<&mut Table<'t, K, V>, StoreError> {
+        self.get(txn)?;
+        Ok(self.table.get_mut().expect("opened above"))
+    }
+}
+
+/// The tables of one apply transaction, each opened once (when first used); the rules run over
+/// them as [`Tables`].
 pub struct StateTxn<'t> {
-    routes: Table<'t, &'static str, &'static [u8]>,
-    floors: Table<'t, &'static str, &'static [u8]>,
-    node_routes: Table<'t, (u64, &'static str), ()>,
-    nodes: Table<'t, u64, &'static [u8]>,
-    meta: Table<'t, &'static str, &'static [u8]>,
-    streams: Table<'t, (&'static str, u64), &'static [u8]>,
-    heads: Table<'t, &'static str, &'static [u8]>,
-    idem: Table<'t, (&'static str, &'static str), &'static [u8]>,
-    key_order: Table<'t, (&'static str, u64, u64), &'static str>,
-    device_tenants: Table<'t, &'static str, &'static str>,
-    tenants: Table<'t, &'static str, &'static [u8]>,
-    ledger: Table<'t, (&'static str, u64, &'static str), &'static [u8]>,
-    cluster_events: Table<'t, u64, &'static [u8]>,
+    txn: &'t WriteTransaction,
+    routes: Lazy<'t, &'static str, &'static [u8]>,
+    floors: Lazy<'t, &'static str, &'static [u8]>,
+    node_routes: Lazy<'t, (u64, &'static str), ()>,
+    nodes: Lazy<'t, u64, &'static [u8]>,
+    meta: Lazy<'t, &'static str, &'static [u8]>,
+    streams: Lazy<'t, (&'static str, u64), &'static [u8]>,
+    heads: Lazy<'t, &'static str, &'static [u8]>,
+    idem: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
+    key_order: Lazy<'t, (&'static str, u64, u64), &'static str>,
+    device_tenants: Lazy<'t, &'static str, &'static str>,
+    tenants: Lazy<'t, &'static str, &'static [u8]>,
+    ledger: Lazy<'t, (&'static str, u64, &'static str), &'static [u8]>,
+    cluster_events: Lazy<'t, u64, &'static [u8]>,
 }
 
 impl<'t> StateTxn<'t> {
-    fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
-        Ok(StateTxn {
-            routes: txn.open_table(ROUTES)?,
-            floors: txn.open_table(FLOORS)?,
-            node_routes: txn.open_table(NODE_ROUTES)?,
-            nodes: txn.open_table(NODES)?,
-            meta: txn.open_table(META)?,
-            streams: txn.open_table(STREAMS)?,
-            heads: txn.open_table(HEADS)?,
-            idem: txn.open_table(IDEMPOTENCY)?,
-            key_order: txn.open_table(KEY_ORDER)?,
-            device_tenants: txn.open_table(DEVICE_TENANTS)?,
-            tenants: txn.open_table(TENANTS)?,
-            ledger: txn.open_table(LEDGER)?,
-            cluster_events: txn.open_table(CLUSTER_EVENTS)?,
-        })
+    fn open(txn: &'t WriteTransaction) -> Self {
+        StateTxn {
+            txn,
+            routes: Lazy::new(ROUTES),
+            floors: Lazy::new(FLOORS),
+            node_routes: Lazy::new(NODE_ROUTES),
+            nodes: Lazy::new(NODES),
+            meta: Lazy::new(META),
+            streams: Lazy::new(STREAMS),
+            heads: Lazy::new(HEADS),
+            idem: Lazy::new(IDEMPOTENCY),
+            key_order: Lazy::new(KEY_ORDER),
+            device_tenants: Lazy::new(DEVICE_TENANTS),
+            tenants: Lazy::new(TENANTS),
+            ledger: Lazy::new(LEDGER),
+            cluster_events: Lazy::new(CLUSTER_EVENTS),
+        }
     }
 
     /// Persists what the applies changed in memory (`before` → `after`: lease rows, cluster id,
@@ -380,42 +413,43 @@ impl<'t> StateTxn<'t> {
         } = after;
         for (id, lease) in nodes {
             if before.nodes.get(id) != Some(lease) {
-                self.nodes.insert(*id, encode(lease)?.as_slice())?;
+                self.nodes.get_mut(self.txn)?.insert(*id, encode(lease)?.as_slice())?;
             }
         }
         for id in before.nodes.keys().filter(|id| !nodes.contains_key(id)) {
-            self.nodes.remove(*id)?;
+            self.nodes.get_mut(self.txn)?.remove(*id)?;
         }
         // Only what changed: most entries change none of these, and each write is a B-tree
         // insert in every apply on every node.
+        let meta = self.meta.get_mut(self.txn)?;
         if *ring_version != before.ring_version {
-            self.meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
+            meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
         }
         if *cluster_id != before.cluster_id {
-            self.meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
+            meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
         }
         if *clock_ms != before.clock_ms {
-            self.meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
+            meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
         }
         if *extended_term != before.extended_term {
-            self.meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
+            meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
         }
         if *admission != before.admission {
-            self.meta.insert(ADMISSION, encode(admission)?.as_slice())?;
+            meta.insert(ADMISSION, encode(admission)?.as_slice())?;
         }
         if before.event_seq != *event_seq {
-            self.meta.insert(EVENT_SEQ, encode(event_seq)?.as_slice())?;
+            meta.insert(EVENT_SEQ, encode(event_seq)?.as_slice())?;
         }
         if before.scale_in != *scale_in {
-            self.meta.insert(SCALE_IN, encode(scale_in)?.as_slice())?;
+            meta.insert(SCALE_IN, encode(scale_in)?.as_slice())?;
         }
         if before.capacity != *capacity {
-            self.meta.insert(CAPACITY, encode(capacity)?.as_slice())?;
+            meta.insert(CAPACITY, encode(capacity)?.as_slice())?;
         }
         if before.max_connections != *max_connections {
-            self.meta.insert(MAX_CONNECTIONS, encode(max_connections)?.as_slice())?;
+            meta.insert(MAX_CONNECTIONS, encode(max_connections)?.as_slice())?;
         }
-        self.meta.insert(APPLIED, applied)?;
+        meta.insert(APPLIED, applied)?;
         Ok(())
     }
 }
@@ -424,21 +458,28 @@ impl Tables for StateTxn<'_> {
     type Error = StoreError;
 
     fn route(&self, device: &str) -> Result<Option<Route>, StoreError> {
-        get(&self.routes, device)
+        get(self.routes.get(self.txn)?, device)
     }
-    fn put_route(&mut self, device: &str, route: &Route) -> Result<(), StoreError> {
-        self.routes.insert(device, encode(route)?.as_slice())?;
-        self.node_routes.insert((route.node, device), ())?;
+    fn put_route(&mut self, device: &str, route: &Route, replaces: Option<NodeId>) -> Result<(), StoreError> {
+        self.routes.get_mut(self.txn)?.insert(device, encode(route)?.as_slice())?;
+        // A device that reconnects to the same node keeps its index entry.
+        if replaces != Some(route.node) {
+            let index = self.node_routes.get_mut(self.txn)?;
+            if let Some(old) = replaces {
+                index.remove((old, device))?;
+            }
+            index.insert((route.node, device), ())?;
+        }
         Ok(())
     }
     fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), StoreError> {
-        self.routes.remove(device)?;
-        self.node_routes.remove((node, device))?;
+        self.routes.get_mut(self.txn)?.remove(device)?;
+        self.node_routes.get_mut(self.txn)?.remove((node, device))?;
         Ok(())
     }
     fn node_devices(&self, node: NodeId) -> Result<Vec<String>, StoreError> {
         let mut devices = Vec::new();
-        for row in self.node_routes.range((node, "")..)? {
+        for row in self.node_routes.get(self.txn)?.range((node, "")..)? {
             let (k, _) = row?;
             let (n, device) = k.value();
             if n != node {
@@ -449,87 +490,87 @@ impl Tables for StateTxn<'_> {
         Ok(devices)
     }
     fn floor(&self, device: &str) -> Result<Option<Floor>, StoreError> {
-        get(&self.floors, device)
+        get(self.floors.get(self.txn)?, device)
     }
     fn put_floor(&mut self, device: &str, floor: &Floor) -> Result<(), StoreError> {
-        self.floors.insert(device, encode(floor)?.as_slice())?;
+        self.floors.get_mut(self.txn)?.insert(device, encode(floor)?.as_slice())?;
         Ok(())
     }
     fn head(&self, device: &str) -> Result<Option<Head>, StoreError> {
-        get(&self.heads, device)
+        get(self.heads.get(self.txn)?, device)
     }
     fn put_head(&mut self, device: &str, head: &Head) -> Result<(), StoreError> {
-        self.heads.insert(device, encode(head)?.as_slice())?;
+        self.heads.get_mut(self.txn)?.insert(device, encode(head)?.as_slice())?;
         Ok(())
     }
     fn message(&self, device: &str, seq: u64) -> Result<Option<Message>, StoreError> {
-        get(&self.streams, (device, seq))
+        get(self.streams.get(self.txn)?, (device, seq))
     }
     fn put_message(&mut self, device: &str, seq: u64, msg: &Message) -> Result<(), StoreError> {
-        self.streams.insert((device, seq), encode(msg)?.as_slice())?;
+        self.streams.get_mut(self.txn)?.insert((device, seq), encode(msg)?.as_slice())?;
         Ok(())
     }
     fn remove_message(&mut self, device: &str, seq: u64) -> Result<(), StoreError> {
-        self.streams.remove((device, seq))?;
+        self.streams.get_mut(self.txn)?.remove((device, seq))?;
         Ok(())
     }
     fn idempotent(&self, device: &str, key: &str) -> Result<Option<KeyUse>, StoreError> {
-        get(&self.idem, (device, key))
+        get(self.idem.get(self.txn)?, (device, key))
     }
     fn put_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
-        self.idem.insert((device, key), encode(&used)?.as_slice())?;
-        self.key_order.insert((device, used.at_ms, used.seq), key)?;
+        self.idem.get_mut(self.txn)?.insert((device, key), encode(&used)?.as_slice())?;
+        self.key_order.get_mut(self.txn)?.insert((device, used.at_ms, used.seq), key)?;
         Ok(())
     }
     fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
-        self.idem.remove((device, key))?;
-        self.key_order.remove((device, used.at_ms, used.seq))?;
+        self.idem.get_mut(self.txn)?.remove((device, key))?;
+        self.key_order.get_mut(self.txn)?.remove((device, used.at_ms, used.seq))?;
         Ok(())
     }
     fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, StoreError> {
-        let mut rows = self.key_order.range((device, 0, 0)..=(device, u64::MAX, u64::MAX))?;
+        let mut rows = self.key_order.get(self.txn)?.range((device, 0, 0)..=(device, u64::MAX, u64::MAX))?;
         let Some(row) = rows.next() else { return Ok(None) };
         let (k, v) = row?;
         let (_, at_ms, seq) = k.value();
         Ok(Some((v.value().to_string(), KeyUse { seq, at_ms })))
     }
     fn device_tenant(&self, device: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.device_tenants.get(device)?.map(|v| v.value().to_string()))
+        Ok(self.device_tenants.get(self.txn)?.get(device)?.map(|v| v.value().to_string()))
     }
     fn put_device_tenant(&mut self, device: &str, tenant: &str) -> Result<(), StoreError> {
-        self.device_tenants.insert(device, tenant)?;
+        self.device_tenants.get_mut(self.txn)?.insert(device, tenant)?;
         Ok(())
     }
     fn remove_device_tenant(&mut self, device: &str) -> Result<(), StoreError> {
-        self.device_tenants.remove(device)?;
+        self.device_tenants.get_mut(self.txn)?.remove(device)?;
         Ok(())
     }
     fn tenant(&self, tenant: &str) -> Result<Option<TenantRow>, StoreError> {
-        get(&self.tenants, tenant)
+        get(self.tenants.get(self.txn)?, tenant)
     }
     fn put_tenant(&mut self, tenant: &str, row: &TenantRow) -> Result<(), StoreError> {
-        self.tenants.insert(tenant, encode(row)?.as_slice())?;
+        self.tenants.get_mut(self.txn)?.insert(tenant, encode(row)?.as_slice())?;
         Ok(())
     }
     fn ledger(&self, tenant: &str, period: u64, id: &str) -> Result<Option<Entry>, StoreError> {
-        get(&self.ledger, (tenant, period, id))
+        get(self.ledger.get(self.txn)?, (tenant, period, id))
     }
     fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), StoreError> {
-        self.ledger.insert((tenant, period, id), encode(entry)?.as_slice())?;
+        self.ledger.get_mut(self.txn)?.insert((tenant, period, id), encode(entry)?.as_slice())?;
         Ok(())
     }
     fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), StoreError> {
         if keep_from > 0 {
-            self.ledger.retain_in((tenant, 0, "")..(tenant, keep_from, ""), |_, _| false)?;
+            self.ledger.get_mut(self.txn)?.retain_in((tenant, 0, "")..(tenant, keep_from, ""), |_, _| false)?;
         }
         Ok(())
     }
     fn put_cluster_event(&mut self, seq: u64, event: &ClusterEvent) -> Result<(), StoreError> {
-        self.cluster_events.insert(seq, encode(event)?.as_slice())?;
+        self.cluster_events.get_mut(self.txn)?.insert(seq, encode(event)?.as_slice())?;
         Ok(())
     }
     fn remove_cluster_event(&mut self, seq: u64) -> Result<(), StoreError> {
-        self.cluster_events.remove(seq)?;
+        self.cluster_events.get_mut(self.txn)?.remove(seq)?;
         Ok(())
     }
 }
