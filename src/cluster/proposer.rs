@@ -259,6 +259,17 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             Ok(Err(e)) => return answer_all(batch, ProposeError::Rejected(e.to_string())),
             Err(_) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
         };
+        if f.leader_id.is_none() && leads(&ctx.raft) {
+            // openraft 0.10 refuses writes while this leader has not heard from a quorum within
+            // its lease: just elected, or cut off. Retry after a pause (not a spin) until the
+            // deadline; if it lost the leadership meanwhile, the next round forwards.
+            let pause = LEASE_RETRY.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            if pause.is_zero() {
+                return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64));
+            }
+            tokio::time::sleep(pause).await;
+            continue;
+        }
         let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
         answer_all(local, ProposeError::NoLeader);
         batch = remote;
@@ -283,6 +294,16 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             return answer_all(batch, ProposeError::NoLeader);
         }
     }
+}
+
+/// How long a leader waits before it retries a write refused for want of a valid leader lease.
+const LEASE_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether this node's Raft instance sees itself as the leader.
+fn leads(raft: &Raft) -> bool {
+    let m = raft.metrics();
+    let m = m.borrow_watched();
+    m.current_leader == Some(m.id)
 }
 
 /// Waits until a leader other than `gone` is known, or `deadline`; whether one is.
