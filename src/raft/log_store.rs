@@ -32,19 +32,18 @@ enum Op {
 
 /// The writer thread's queue; the thread ends when the last store clone is dropped.
 struct Writer {
-    tx: Mutex<mpsc::Sender<Op>>,
+    tx: mpsc::Sender<Op>,
 }
 
 impl Writer {
     fn start(db: LogDb, metrics: Arc<Metrics>) -> io::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Op>();
         std::thread::Builder::new().name("raft-log".into()).spawn(move || write_loop(&db, &rx, &metrics))?;
-        Ok(Writer { tx: Mutex::new(tx) })
+        Ok(Writer { tx })
     }
 
     fn send(&self, op: Op) -> io::Result<()> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.send(op).map_err(|_| io::Error::other("the log writer thread has stopped"))
+        self.tx.send(op).map_err(|_| io::Error::other("the log writer thread has stopped"))
     }
 
     /// Runs `f` on the writer thread after every write queued before it.
@@ -229,8 +228,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.metrics.log_entries.inc_by(entries.len() as u64);
         let weight = {
             let mut tail = self.tail();
-            entries.iter().for_each(|(_, e)| tail.push(e));
-            entries.iter().map(|(_, e)| super::tail::weight(e)).sum()
+            entries.iter().map(|(_, e)| tail.push(e)).sum()
         };
         let committed = self.unsaved_committed().take();
         self.writer.send(Op::Append { entries, weight, committed, done: callback })

@@ -35,7 +35,8 @@ pub struct Tail {
 impl Tail {
     /// Keeps `e`, just appended. An entry that does not follow the last one kept starts afresh
     /// (the tail is always one run of consecutive indexes).
-    pub fn push(&mut self, e: &Entry) {
+    /// Answers the entry's [`weight`].
+    pub fn push(&mut self, e: &Entry) -> usize {
         if self.entries.back().is_some_and(|(last, _)| last.log_id.index + 1 != e.log_id.index) {
             self.clear();
         }
@@ -45,6 +46,7 @@ impl Tail {
         while self.entries.len() > MAX_ENTRIES || (self.bytes > MAX_BYTES && !self.entries.is_empty()) {
             self.pop_front();
         }
+        w
     }
 
     /// Entries `start..=end`, if the tail holds every one of them.
