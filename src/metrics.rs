@@ -41,6 +41,9 @@ pub struct Metrics {
     /// Commands handed to the Raft log by this node's proposer, and the entries that carried them.
     pub proposed_commands: Counter,
     pub proposed_batches: Counter,
+    /// Times this leader's proposer held a write back (for `LEASE_RETRY`, 10 ms) because openraft
+    /// refused it for want of a valid leader lease (just elected, or cut off from its quorum).
+    pub propose_lease_waits: Counter,
     /// Claims by result (`accepted`, `stale`, `not_live`, `error`).
     pub claims: Family<ResultLabel, Counter>,
     /// Snapshots this node built from its state, and snapshots it installed from a leader.
@@ -133,6 +136,7 @@ impl Default for Metrics {
             log_entries: Counter::default(),
             proposed_commands: Counter::default(),
             proposed_batches: Counter::default(),
+            propose_lease_waits: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
             suspicions: Counter::default(),
@@ -194,6 +198,11 @@ impl Default for Metrics {
             "proposed_batches",
             "Log entries (batches) proposed by this node",
             m.proposed_batches.clone(),
+        );
+        registry.register(
+            "propose_lease_waits",
+            "Writes this leader held back 10 ms because Raft refused them for want of a valid leader lease",
+            m.propose_lease_waits.clone(),
         );
         registry.register("claims", "Route claims by result", m.claims.clone());
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());

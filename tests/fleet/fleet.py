@@ -153,7 +153,8 @@ def metric(text, name):
 # Counters worth reading off each survivor after the storm: why handshakes were refused, and whether
 # the cluster itself wobbled (suspicions, fencing, elections).
 STORM_METRICS = ("gateway_handshakes_total", "gateway_claims_total", "gateway_suspicions_total",
-                 "gateway_fence_events_total", "gateway_raft_term", "gateway_suspect_nodes")
+                 "gateway_fence_events_total", "gateway_raft_term", "gateway_suspect_nodes",
+                 "gateway_propose_lease_waits_total")
 
 
 def series(text, names):
