@@ -68,8 +68,8 @@ struct Pending {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
-    /// Lease and leader duties: they go first into every batch, so that a flood of large writes
-    /// never holds up a renewal (and fences the node).
+    /// Lease and leader duties: batched apart from the bulk, on slots of their own (see
+    /// [`batches`]), so that a flood of writes never holds up a renewal (and fences the node).
     urgent: mpsc::Sender<Pending>,
     timeout: Duration,
 }
@@ -174,11 +174,25 @@ struct Ctx {
     tasks: TaskTracker,
 }
 
-async fn run(
-    ctx: Ctx,
-    mut urgent: mpsc::Receiver<Pending>,
+async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pending>, cancel: CancellationToken) {
+    let spawn = |ctx: Ctx| {
+        move |batch: Vec<Pending>, permit: OwnedSemaphorePermit| {
+            let ctx2 = ctx.clone();
+            ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());
+        }
+    };
+    tokio::join!(batches(urgent, cancel.clone(), spawn(ctx.clone())), batches(rx, cancel, spawn(ctx)));
+}
+
+/// The batching loop of one queue. Urgent commands (lease and leader duties) have a loop, batches
+/// and [`MAX_IN_FLIGHT`] slots of their own, apart from the bulk of writes: a renewal never waits
+/// for a slot behind bulk batches in flight, and a renewal forwarded to the leader is answered when
+/// it commits, not when a thousand releases forwarded in the same batch do (a disconnect wave of a
+/// whole fleet once held follower renewals past the fence that way).
+async fn batches(
     mut rx: mpsc::Receiver<Pending>,
     cancel: CancellationToken,
+    mut spawn: impl FnMut(Vec<Pending>, OwnedSemaphorePermit),
 ) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     // A command that did not fit in the last batch: the first of the next.
@@ -189,27 +203,16 @@ async fn run(
             _ = cancel.cancelled() => return,
             p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
         };
-        let mut batch = Vec::new();
-        while let Ok(p) = urgent.try_recv() {
-            batch.push(p);
-        }
-        if batch.is_empty() {
-            let first = match carry.take() {
-                Some(p) => p,
-                None => tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return,
-                    p = urgent.recv() => match p { Some(p) => p, None => return },
-                    p = rx.recv() => match p { Some(p) => p, None => return },
-                },
-            };
-            batch.push(first);
-        }
-        let mut bytes: usize = batch.iter().map(|p| p.cmd.weight()).sum();
-        if let Some(p) = carry.take() {
-            bytes += p.cmd.weight();
-            batch.push(p);
-        }
+        let first = match carry.take() {
+            Some(p) => p,
+            None => tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                p = rx.recv() => match p { Some(p) => p, None => return },
+            },
+        };
+        let mut bytes = first.cmd.weight();
+        let mut batch = vec![first];
         while batch.len() < MAX_BATCH && bytes <= MAX_BATCH_BYTES {
             let Ok(p) = rx.try_recv() else { break };
             bytes += p.cmd.weight();
@@ -219,8 +222,7 @@ async fn run(
             }
             batch.push(p);
         }
-        let ctx2 = ctx.clone();
-        ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());
+        spawn(batch, permit);
     }
 }
 
@@ -267,6 +269,7 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             if pause.is_zero() {
                 return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64));
             }
+            ctx.metrics.propose_lease_waits.inc();
             tokio::time::sleep(pause).await;
             continue;
         }
@@ -353,4 +356,57 @@ async fn forward(
         return Err(failed("reply count mismatch".into()));
     }
     Ok(replies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::claim::Release;
+    use crate::machine::lease::Renew;
+
+    fn pending(cmd: Command) -> Pending {
+        let (reply, _) = oneshot::channel();
+        Pending { cmd, local_only: false, reply }
+    }
+
+    type Sent = (bool, Vec<Command>, OwnedSemaphorePermit);
+
+    /// Records each batch with its slot, which it keeps: no batch here ever finishes.
+    fn record(urgent: bool, out: mpsc::UnboundedSender<Sent>) -> impl FnMut(Vec<Pending>, OwnedSemaphorePermit) {
+        move |batch, permit| {
+            let _ = out.send((urgent, batch.into_iter().map(|p| p.cmd).collect(), permit));
+        }
+    }
+
+    /// A disconnect wave: thousands of releases queued and every bulk slot taken by a batch that
+    /// does not finish. A renewal still goes out at once, alone in its batch.
+    #[tokio::test]
+    async fn a_renewal_goes_out_alone_while_releases_hold_every_bulk_slot() {
+        let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
+        let (urgent_tx, urgent_rx) = mpsc::channel(MAX_BATCH);
+        for i in 0..3 * MAX_BATCH {
+            tx.send(pending(Command::Release(Release { device: format!("d{i}"), conn: 1 }))).await.unwrap();
+        }
+        let (out, mut sent) = mpsc::unbounded_channel::<Sent>();
+        let cancel = CancellationToken::new();
+        tokio::spawn(batches(rx, cancel.clone(), record(false, out.clone())));
+        tokio::spawn(batches(urgent_rx, cancel.clone(), record(true, out)));
+        let mut held = Vec::new();
+        for _ in 0..MAX_IN_FLIGHT {
+            let (urgent, cmds, permit) = sent.recv().await.unwrap();
+            assert!(!urgent);
+            assert_eq!(cmds.len(), MAX_BATCH, "a bulk batch is full");
+            held.push(permit);
+        }
+        let renew = Renew { node: 7, at_ms: 0, lease_ms: 10_000, connections: 0, draining: false, incarnation: 1 };
+        urgent_tx.send(pending(Command::Renew(renew))).await.unwrap();
+        let (urgent, cmds, _) = tokio::time::timeout(Duration::from_secs(10), sent.recv())
+            .await
+            .expect("the renewal waited behind the bulk slots")
+            .unwrap();
+        assert!(urgent);
+        assert!(matches!(cmds.as_slice(), [Command::Renew(r)] if r.node == 7), "the renewal goes alone: {cmds:?}");
+        cancel.cancel();
+        drop(held);
+    }
 }
