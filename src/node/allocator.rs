@@ -2,8 +2,8 @@
 //! so a storm of handshakes waiting on their claims leaves its peak behind: 2,000 devices at once
 //! held 16–18 KB a connection afterwards, against 7.6 KB when they arrived 32 at a time. Every
 //! [`CHECK`] it asks the allocator how much free memory it holds (`mallinfo2`, on the blocking
-//! pool) and, past [`should_trim`]'s bound, releases it (`malloc_trim`). Other C libraries (musl
-//! in the static image) return memory in their own way: there the loop does nothing.
+//! pool) and, past [`should_trim`]'s bound, releases it (`malloc_trim`). The static image is built on
+//! a static glibc, so it runs there too; with other C libraries the loop does nothing.
 use std::sync::Arc;
 use std::time::Duration;
 
