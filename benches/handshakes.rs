@@ -18,12 +18,16 @@
 //!    answers pings) arriving [`IDLE_IN_FLIGHT`] handshakes at a time, as a fleet arrives through
 //!    admission; and with the project's client all at once (admission opened wide), where the
 //!    allocator keeps part of the storm's peak (handshakes waiting on their claims) resident.
+//! 3. **Lease renewals under the flood**: the three nodes' `gateway_lease_renewal_seconds` and
+//!    fence counters across their handshake run, i.e. how long the cluster side (Raft, renewals)
+//!    took to commit a renewal while the handshakes kept every core busy (a renewal every
+//!    `lease/5` = 2 s per node, so a run of 30 s gives ~45 of them).
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -107,12 +111,20 @@ fn main() {
         .iter()
         .map(|n| Target { addr: n.public_addr.parse().expect("node address"), secret: Some(c.device_secret.clone()) })
         .collect();
+    let scrape_all = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(futures_util::future::join_all(c.nodes.iter().map(|n| support::scrape(&n.cluster_addr))))
+    };
+    let before = scrape_all(&rt);
     let hs = rt.block_on(handshakes(&t, conc, secs, "c3"));
+    let after = scrape_all(&rt);
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
     drop(c);
+    let renewals = Renewals::between(&before, &after);
+    println!("{renewals}");
     println!(
         "{}",
-        json!({"bench": "handshakes", "fsync_us": fsync_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs, "idle": idle, "rows": rows})
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs,
+               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json()})
     );
 }
 
@@ -133,6 +145,71 @@ fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes
     );
     json!({"server": name, "handshakes_per_s": rate, "p50_ms": hs.pct(0.5), "p99_ms": hs.pct(0.99),
            "idle_bytes_per_conn": idle_bytes, "errors": hs.errors})
+}
+
+/// The three nodes' lease renewals during their handshake run (`gateway_lease_renewal_seconds`,
+/// summed over the nodes): how long the cluster side took to commit them while every core was
+/// busy with handshakes. Buckets are powers of two, so a quantile is a bucket's upper bound.
+struct Renewals {
+    count: f64,
+    sum_s: f64,
+    /// (upper bound in seconds, renewals at or below it), ascending.
+    buckets: Vec<(f64, f64)>,
+    fences: f64,
+}
+
+impl Renewals {
+    const METRIC: &'static str = "gateway_lease_renewal_seconds";
+
+    fn between(before: &[HashMap<String, f64>], after: &[HashMap<String, f64>]) -> Renewals {
+        let delta = |key: &str| -> f64 {
+            after.iter().zip(before).map(|(a, b)| a.get(key).unwrap_or(&0.0) - b.get(key).unwrap_or(&0.0)).sum()
+        };
+        let prefix = format!("{}_bucket{{le=\"", Self::METRIC);
+        let mut bounds: Vec<(f64, String)> = after[0]
+            .keys()
+            .filter_map(|k| Some((k.strip_prefix(&prefix)?.strip_suffix("\"}")?.parse().ok()?, k.clone())))
+            .collect();
+        bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Renewals {
+            count: delta(&format!("{}_count", Self::METRIC)),
+            sum_s: delta(&format!("{}_sum", Self::METRIC)),
+            buckets: bounds.into_iter().map(|(le, k)| (le, delta(&k))).collect(),
+            fences: delta("gateway_fence_events_total"),
+        }
+    }
+
+    /// The upper bound (ms) of the bucket holding quantile `q`.
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let want = (self.count * q).ceil().max(1.0);
+        self.buckets.iter().find(|(_, n)| *n >= want).map(|(le, _)| le * 1000.0)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({"count": self.count, "mean_ms": self.mean_ms(), "p50_le_ms": self.quantile_ms(0.5),
+               "p99_le_ms": self.quantile_ms(0.99), "max_le_ms": self.quantile_ms(1.0), "fences": self.fences})
+    }
+
+    fn mean_ms(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum_s / self.count * 1000.0)
+    }
+}
+
+impl std::fmt::Display for Renewals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        write!(
+            f,
+            "gateway 3 nodes, lease renewals during the run: {} committed, mean {} ms, p50 <= {} ms, p99 <= {} ms, \
+             max <= {} ms; fences {}",
+            self.count,
+            self.mean_ms().map_or("-".into(), |v| format!("{v:.1}")),
+            ms(self.quantile_ms(0.5)),
+            ms(self.quantile_ms(0.99)),
+            ms(self.quantile_ms(1.0)),
+            self.fences
+        )
+    }
 }
 
 #[derive(Clone)]

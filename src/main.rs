@@ -36,7 +36,13 @@ fn main() -> ExitCode {
     };
     let format = cfg.as_ref().map_or(LogFormat::Text, |c| c.log_format);
     init_tracing(format);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    // `serve`: this runtime is the device side's, at its own priority (`node::priority`).
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let (Command::Serve(_), Some(cfg)) = (&cli.command, &cfg) {
+        let nice = cfg.device.device_nice;
+        builder.thread_name("device").on_thread_start(move || node::priority::lower_this_thread(nice));
+    }
+    let rt = builder.enable_all().build().expect("tokio runtime");
     match rt.block_on(run(cli, cfg)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => exit(f, format),

@@ -58,6 +58,9 @@ pub struct Metrics {
     pub sync_pages: Family<ResultLabel, Counter>,
     /// Time for a handshake's claim to commit.
     pub claim_seconds: Histogram,
+    /// From sending a lease renewal to its commit, for those that committed (the fence counts
+    /// from the send of the last one).
+    pub renewal_seconds: Histogram,
     /// This node's admission bucket: its share of the cluster budget, or its own flags.
     pub admission_rate: Gauge<f64, AtomicU64>,
     pub admission_burst: Gauge,
@@ -150,6 +153,7 @@ impl Default for Metrics {
             tls_handshakes: Family::default(),
             tls_reloads: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            renewal_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             kicks: Counter::default(),
             pings_sent: Counter::default(),
             pongs_received: Counter::default(),
@@ -209,6 +213,11 @@ impl Default for Metrics {
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("sync_pages", "Device sync pages by result (read, busy)", m.sync_pages.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());
+        registry.register(
+            "lease_renewal_seconds",
+            "From sending this node's lease renewal to its commit (renewals that committed)",
+            m.renewal_seconds.clone(),
+        );
         registry.register(
             "admission_rate_per_s",
             "Handshakes per second this node admits: its share of the cluster budget, or --admit-rate",

@@ -135,3 +135,43 @@ fn process_metrics_follow_the_process() {
     assert!(c.metric(0, "gateway_process_max_fds").is_some_and(|m| m >= during), "max fds");
     drop(held);
 }
+
+/// The device side's threads run at a lower priority (`--device-nice`) than the cluster side's
+/// (Raft's core and replication, the log writer, renewals), also the threads either side starts
+/// later: on saturated cores a disconnect wave or a storm of handshakes waits, not the lease.
+#[test]
+fn device_threads_yield_to_the_cluster_side() {
+    let (c, _) = Cluster::form(1, &["--device-nice", "7"]);
+    let pid = c.nodes[0].pid().expect("pid");
+    // Traffic on both sides: a handshake claims through Raft (the apply runs on the cluster side's
+    // blocking pool) and reads the device's stream (the device side's).
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let device = format!("nice-{i}");
+        let mut ws = c.dial(0, "/ws?attempt=1", &Dial::token(&c.token(&device, 0))).open(&device);
+        ws.hello();
+        held.push(ws);
+    }
+    // Thread name -> nice values, from /proc (field 19 of a task's stat, after the name).
+    let threads = || -> Vec<(String, i32)> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("tasks")
+            .filter_map(|t| {
+                let dir = t.ok()?.path();
+                let comm = std::fs::read_to_string(dir.join("comm")).ok()?.trim().to_string();
+                let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+                Some((comm, stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()?))
+            })
+            .collect()
+    };
+    let all = threads();
+    let main = all.iter().find(|(n, _)| n == "gateway").map(|(_, v)| *v).expect("the main thread");
+    let of = |name: &str| all.iter().filter(|(n, _)| n == name).map(|(_, v)| *v).collect::<Vec<_>>();
+    let (device, cluster, log) = (of("device"), of("cluster"), of("raft-log"));
+    println!("[device_connect] nice: main {main}, device {device:?}, cluster {cluster:?}, raft-log {log:?}");
+    assert!(device.len() >= 2, "the device runtime's threads are named `device`: {all:?}");
+    assert!(cluster.len() >= 2 && log.len() == 1, "cluster workers and the log writer: {all:?}");
+    assert!(device.iter().all(|v| *v == (main + 7).min(19)), "device threads at nice +7: {all:?}");
+    assert!(cluster.iter().chain(&log).all(|v| *v == main), "the cluster side at the process's priority: {all:?}");
+    drop(held);
+}

@@ -16,10 +16,24 @@ fn a_node_cut_off_from_its_quorum_fences_itself() {
     let token = c.token("q1", 0);
     let mut ws = c.dial(n1, "/ws?attempt=1&steer=off", &Dial::token(&token)).open("q1 on n1");
     ws.hello();
+    // How close a node runs to its fence is exported: the time from sending each renewal to its
+    // commit (renewals go out every lease/5).
+    let renewals = |c: &Cluster| c.metric(n1, "gateway_lease_renewal_seconds_count").unwrap_or(0.0);
+    wait_until(TIMING.settle_bound(), "n1 to count committed renewals", || {
+        let n = renewals(&c);
+        if n >= 2.0 {
+            Ok(n)
+        } else {
+            Err(n)
+        }
+    });
+    let (sum, count) = (c.metric(n1, "gateway_lease_renewal_seconds_sum").expect("sum"), renewals(&c));
+    assert!(sum / count < TIMING.lease_ms as f64 / 1000.0, "renewals commit well within a lease: {sum} s for {count}");
 
     c.kill9(1);
     c.kill9(2);
     let cut_at = Instant::now();
+    let at_cut = renewals(&c);
     let bound = Duration::from_millis(TIMING.lease_ms) + SLACK;
     let (closed_at, code, _) = ws.expect_close(bound, "q1's connection on a node without quorum");
     println!(
@@ -27,6 +41,13 @@ fn a_node_cut_off_from_its_quorum_fences_itself() {
         closed_at - cut_at
     );
     assert_eq!(code, 1013, "a node without quorum closes with 1013");
+    // Only commits are timed: the renewals n1 kept sending (every lease/40 while failing, each given
+    // up after two periods) are not. One may have been committing at the cut.
+    let at_fence = renewals(&c);
+    assert!(
+        at_fence - at_cut <= 1.0,
+        "renewals counted without a quorum: {at_cut} at the cut, {at_fence} at the fence"
+    );
     let token2 = c.token("q2", 0);
     let r = c.dial(n1, "/ws?attempt=1&steer=off", &Dial::token(&token2)).refused("handshake on a fenced node");
     assert_eq!((r.status, r.error()), (503, "no_quorum"), "{r:?}");

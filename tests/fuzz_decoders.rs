@@ -955,6 +955,7 @@ fn expected(flags: &toml::Table, file: &toml::Table) -> Option<Config> {
         send_queue_bytes: size("send_queue_bytes", dd.send_queue_bytes.max(2 * max_payload_bytes)),
         sync_buffer_bytes: size("sync_buffer_bytes", dd.sync_buffer_bytes),
         max_connections: size("max_connections", dd.max_connections),
+        device_nice: dd.device_nice,
         drain_rate: rate("drain_rate", dd.drain_rate),
         drain_timeout_ms: int("drain_timeout_ms", dd.drain_timeout_ms),
         retain_count: int("retain_count", dd.retain_count),

@@ -79,6 +79,7 @@ fn check_config_prints_the_configuration_in_force_and_refuses_bad_ones() {
     assert_eq!(v["election_timeout_ms"].as_integer(), Some(1000), "a default");
     assert_eq!(v["handshake_timeout_ms"].as_integer(), Some(5000), "a derived default");
     assert_eq!(v["cluster_listen"].as_str(), Some("127.0.0.1:7070"));
+    assert_eq!(v["device_nice"].as_integer(), Some(10), "the device side yields to the cluster side by default");
     // Where secrets come from, never what they are.
     assert!(text.contains(&format!("cluster secret:  {}", secret_file.display())), "{text}");
     assert!(text.contains("device secret:   $GATEWAY_DEVICE_SECRET"), "{text}");
@@ -97,6 +98,8 @@ fn check_config_prints_the_configuration_in_force_and_refuses_bad_ones() {
     for (args, env, key) in [
         (vec!["--config", cfg.as_str(), "--lease-ms", "3000"], vec![], "lease_ms"),
         (vec!["--config", cfg.as_str(), "--max-voters", "4"], vec![], "max_voters"),
+        (vec!["--config", cfg.as_str(), "--device-nice", "20"], vec![], "device_nice"),
+        (vec!["--config", cfg.as_str()], vec![("GATEWAY_DEVICE_NICE", "-5")], "device_nice"),
         (vec!["--config", cfg.as_str()], vec![("GATEWAY_CLUSTER_LISTEN", "0.0.0.0:7070")], "cluster_advertise"),
         (
             vec!["--config", cfg.as_str(), "--log-format", "json"],

@@ -171,6 +171,11 @@ pub struct ServeArgs {
     /// open-file limit less 1024].
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Scheduling priority (nice) of the device side's threads, 0 (off) to 19; the cluster side
+    /// (Raft, lease renewals) keeps the process's own, so it runs first on saturated cores
+    /// [default: 10].
+    #[arg(long, env = "GATEWAY_DEVICE_NICE", allow_negative_numbers = true)]
+    pub device_nice: Option<i32>,
     /// Connections told to go away per second while draining [default: 500].
     #[arg(long, env = "GATEWAY_DRAIN_RATE")]
     pub drain_rate: Option<f64>,
@@ -267,6 +272,7 @@ impl ServeArgs {
             send_queue_bytes: self.send_queue_bytes,
             sync_buffer_bytes: self.sync_buffer_bytes,
             max_connections: self.max_connections,
+            device_nice: self.device_nice,
             drain_rate: self.drain_rate,
             drain_timeout_ms: self.drain_timeout_ms,
             retain_count: self.retain_count,

@@ -88,6 +88,7 @@ pub struct FileConfig {
     pub send_queue_bytes: Option<usize>,
     pub sync_buffer_bytes: Option<usize>,
     pub max_connections: Option<usize>,
+    pub device_nice: Option<i32>,
     pub drain_rate: Option<f64>,
     pub drain_timeout_ms: Option<u64>,
     pub retain_count: Option<u64>,
@@ -185,6 +186,12 @@ pub struct DeviceConfig {
     /// Device connections one node holds at once (`503 at_capacity` beyond); 0 derives it from
     /// the process's open-file limit (the soft limit less [`FD_RESERVE`]).
     pub max_connections: usize,
+    /// The scheduling priority (nice, 0 to 19) of the device side's threads: handshakes,
+    /// sessions, their blocking pool. The cluster side (Raft, renewals, the leader's duties)
+    /// stays at the process's own priority, so when the cores are saturated it runs first and a
+    /// disconnect wave or a reconnect storm waits instead of the lease. 0 turns it off.
+    #[serde(default)]
+    pub device_nice: i32,
     /// Connections told to go away per second while draining.
     pub drain_rate: f64,
     /// Longest a drain waits for its devices to leave before releasing the rest.
@@ -222,6 +229,7 @@ impl Default for DeviceConfig {
             send_queue_bytes: 1 << 20,
             sync_buffer_bytes: 16 << 20,
             max_connections: 0,
+            device_nice: 10,
             drain_rate: 500.0,
             drain_timeout_ms: 30_000,
             retain_count: 1000,
@@ -402,6 +410,7 @@ impl Config {
             }),
             sync_buffer_bytes: flags.sync_buffer_bytes.or(file.sync_buffer_bytes).unwrap_or(dd.sync_buffer_bytes),
             max_connections: flags.max_connections.or(file.max_connections).unwrap_or(dd.max_connections),
+            device_nice: flags.device_nice.or(file.device_nice).unwrap_or(dd.device_nice),
             drain_rate: flags.drain_rate.or(file.drain_rate).unwrap_or(dd.drain_rate),
             drain_timeout_ms: flags.drain_timeout_ms.or(file.drain_timeout_ms).unwrap_or(dd.drain_timeout_ms),
             retain_count: flags.retain_count.or(file.retain_count).unwrap_or(dd.retain_count),

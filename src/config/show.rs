@@ -62,6 +62,7 @@ impl Config {
             send_queue_bytes: Some(d.send_queue_bytes),
             sync_buffer_bytes: Some(d.sync_buffer_bytes),
             max_connections: Some(d.max_connections),
+            device_nice: Some(d.device_nice),
             drain_rate: Some(d.drain_rate),
             drain_timeout_ms: Some(d.drain_timeout_ms),
             retain_count: Some(d.retain_count),

@@ -54,6 +54,8 @@ fn refuses_bad_values_and_unknown_keys() {
         "retain_ms = 1099511627777",
         "max_payload_bytes = 1048576\nsend_queue_bytes = 1048576",
         "send_queue_bytes = 1000",
+        "device_nice = 20",
+        "device_nice = -1",
         "max_payload_bytes = 1",
         "cluster_listen = \"0.0.0.0:7070\"",
         "listen = \"0.0.0.0:8080\"",

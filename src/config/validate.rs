@@ -112,6 +112,12 @@ impl Config {
         if t.sweep_ms == 0 || t.sweep_ms > t.lease_ms {
             return bad(format!("sweep_ms ({}) must be in 1..=lease_ms", t.sweep_ms));
         }
+        if !(0..=19).contains(&d.device_nice) {
+            return bad(format!(
+                "device_nice ({}) must be 0 (off) to 19: it lowers the device side's priority below the cluster side's",
+                d.device_nice
+            ));
+        }
         if d.ping_ms == 0 || d.idle_ms <= d.ping_ms {
             return bad(format!("idle_ms ({}) must be greater than ping_ms ({})", d.idle_ms, d.ping_ms));
         }

@@ -21,6 +21,53 @@ use crate::ws::admission::Admission;
 use crate::ws::registry::Registry;
 use crate::ws::Mode;
 
+/// The leader's record of when each live member last answered a probe: a member that has not
+/// answered for `window` is silent. Silence is only counted over time the leader itself was
+/// watching. When its own cluster side stalled (a tick later than `every` + `window`/2: a
+/// disconnect wave of 42,750 devices held a 57,000-device leader's runtime for ~2 s), answers
+/// may be waiting unread and a member cannot be told from a silent one, so every member gets a
+/// fresh window; false suspicions took both healthy followers out of the ring in that wave.
+struct Silence {
+    every: Duration,
+    window: Duration,
+    /// member → when it last answered (or when its window began).
+    heard: BTreeMap<NodeId, Instant>,
+    last_tick: Option<Instant>,
+}
+
+impl Silence {
+    fn new(every: Duration, window: Duration) -> Silence {
+        Silence { every, window, heard: BTreeMap::new(), last_tick: None }
+    }
+
+    /// Starts over (another term, or no longer the leader).
+    fn forget(&mut self) {
+        self.heard.clear();
+        self.last_tick = None;
+    }
+
+    fn answered(&mut self, id: NodeId, at: Instant) {
+        self.heard.insert(id, at);
+    }
+
+    /// A tick at `now` over the `live` members: those silent for longer than the window, and for
+    /// how long. A member that left the live set gets a fresh window if it comes back.
+    fn tick(&mut self, now: Instant, live: &[NodeId]) -> Vec<(NodeId, Duration)> {
+        let stalled = self.last_tick.is_some_and(|t| now.saturating_duration_since(t) > self.every + self.window / 2);
+        self.last_tick = Some(now);
+        self.heard.retain(|id, _| live.contains(id));
+        if stalled {
+            self.heard.values_mut().for_each(|at| *at = now);
+        }
+        live.iter()
+            .filter_map(|id| {
+                let quiet = now.saturating_duration_since(*self.heard.entry(*id).or_insert(now));
+                (quiet > self.window).then_some((*id, quiet))
+            })
+            .collect()
+    }
+}
+
 /// Renewals per lease. A node fences itself when none of its renewals committed for 4/5 of a lease,
 /// and a leader's death costs up to one renewal period (the last renewal went out just before it)
 /// plus the election plus the new leader's first commits: at lease/3 the minimum lease (8 election
@@ -50,6 +97,7 @@ pub struct Renewer {
     /// The registry's hard limit (`--max-connections`, or derived): published the same way, so
     /// that placement on every node stops sending devices here once the renewed count reaches it.
     pub max_connections: u64,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Renewals a node keeps in flight at most while they fail to commit (one every period/8, each
@@ -75,6 +123,7 @@ impl Renewer {
                     match result {
                         // The lease runs from after the renewal was sent: fencing measures from there.
                         Ok(()) => {
+                            self.metrics.renewal_seconds.observe(sent_at.elapsed().as_secs_f64());
                             self.renewed.send_if_modified(|at| (sent_at > *at).then(|| *at = sent_at).is_some());
                             if std::mem::take(&mut failing) {
                                 tracing::info!("lease renewals commit again");
@@ -344,8 +393,7 @@ pub async fn suspect_loop(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probes = tokio::task::JoinSet::new();
-    // member → when it last answered (or when this term's watch began).
-    let mut heard: BTreeMap<NodeId, Instant> = BTreeMap::new();
+    let mut silence = Silence::new(every, suspect_after);
     let mut term = None;
     loop {
         tokio::select! {
@@ -353,20 +401,28 @@ pub async fn suspect_loop(
             _ = tick.tick() => {}
             Some(Ok((id, ok))) = probes.join_next(), if !probes.is_empty() => {
                 if ok {
-                    heard.insert(id, Instant::now());
+                    silence.answered(id, Instant::now());
                 }
                 continue;
             }
         }
+        // Answers that came in while this task waited for its turn count before any judgment.
+        while let Some(done) = probes.try_join_next() {
+            if let Ok((id, true)) = done {
+                silence.answered(id, Instant::now());
+            }
+        }
         let (leader, now_term) = cluster.leadership().now();
         if leader != Some(me) {
-            (term, heard) = (None, BTreeMap::new());
+            term = None;
+            silence.forget();
             probes.abort_all();
             continue;
         }
         if term != Some(now_term) {
             // A new term: every member gets a full window from now.
-            (term, heard) = (Some(now_term), BTreeMap::new());
+            term = Some(now_term);
+            silence.forget();
         }
         let view = cluster.view();
         let live: Vec<(NodeId, String)> = view
@@ -374,17 +430,14 @@ pub async fn suspect_loop(
             .filter(|(id, _)| *id != me && view.is_live(*id))
             .map(|(id, m)| (id, m.cluster_addr.clone()))
             .collect();
-        // A member that left the live set (suspected, draining, expired) gets a fresh window if it
-        // comes back.
-        heard.retain(|id, _| live.iter().any(|(l, _)| l == id));
-        let started = Instant::now();
+        let ids: Vec<NodeId> = live.iter().map(|(id, _)| *id).collect();
+        let silent = silence.tick(Instant::now(), &ids);
         for (id, addr) in &live {
-            let since = *heard.entry(*id).or_insert(started);
-            if started.duration_since(since) > suspect_after {
+            if let Some((_, quiet)) = silent.iter().find(|(s, _)| s == id) {
                 match cluster.suspect(*id, suspect_hold_ms(&timing)).await {
                     Ok(true) => {
                         metrics.suspicions.inc();
-                        tracing::warn!(node = id, silent = ?started.duration_since(since), "leader: suspected a silent member; out of the ring");
+                        tracing::warn!(node = id, silent = ?quiet, "leader: suspected a silent member; out of the ring");
                     }
                     Ok(false) => {}
                     Err(e) => tracing::warn!(node = id, error = %e, "leader: suspicion did not commit"),
@@ -448,6 +501,38 @@ pub async fn follow_admission(
 mod tests {
     use super::*;
     use crate::node::lifecycle::FENCE_MARGIN_DIVISOR;
+
+    #[test]
+    fn a_member_is_silent_after_a_window_without_an_answer_the_leader_watched() {
+        let (every, window) = (Duration::from_millis(250), Duration::from_millis(1000));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = Silence::new(every, window);
+        // Ticks every 250 ms: member 1 answers throughout, member 2 never does.
+        let mut suspects = Vec::new();
+        for k in 0..=5 {
+            s.answered(1, at(k * 250));
+            suspects = s.tick(at(k * 250), &[1, 2]);
+            if k < 5 {
+                assert!(suspects.is_empty(), "tick {k}: {suspects:?}");
+            }
+        }
+        assert_eq!(suspects, vec![(2, Duration::from_millis(1250))], "silent for a whole window");
+        // The leader's own ticks stop for 2 s (its runtime starved): nobody answers in between as
+        // far as it can tell, but nobody is judged over a stretch it did not watch.
+        let mut s = Silence::new(every, window);
+        s.tick(at(0), &[1, 2]);
+        s.answered(1, at(0));
+        assert!(s.tick(at(2000), &[1, 2]).is_empty(), "a stalled leader suspects nobody at once");
+        // Watching again: a member still silent a window later is suspected.
+        for ms in [2250, 2500, 2750, 3000] {
+            assert!(s.tick(at(ms), &[1, 2]).is_empty(), "{ms} ms");
+        }
+        assert_eq!(s.tick(at(3250), &[1, 2]).len(), 2, "both silent for a watched window");
+        // A member that left the live set and comes back gets a fresh window.
+        s.tick(at(3500), &[1]);
+        assert!(s.tick(at(3750), &[1, 2]).iter().all(|(id, _)| *id != 2));
+    }
 
     #[test]
     fn a_prompt_election_waits_out_every_voters_lease_and_beats_openraft_s_own_timer() {

@@ -14,6 +14,7 @@ pub mod allocator;
 pub mod duties;
 pub mod identity;
 pub mod lifecycle;
+pub mod priority;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -331,6 +332,7 @@ impl Node {
             incarnation: rand::random(),
             capacity_connections: cfg.scaling.capacity_connections,
             max_connections: gate.registry.max_sessions() as u64,
+            metrics: self.metrics.clone(),
         };
         spawn_cluster("renewer", Box::pin(renewer.run(stop.clone())));
         spawn_cluster(
@@ -368,6 +370,12 @@ impl Node {
                 let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
                 return Err(e.into());
             }
+        }
+        if cfg.device.device_nice > 0 {
+            tracing::info!(
+                device_nice = cfg.device.device_nice,
+                "device threads run at a lower priority than the cluster side's (--device-nice)"
+            );
         }
         let [cluster_src, device_src, backend_src] = &self.secret_sources;
         let m = cluster.member();

@@ -19,6 +19,14 @@ Phases, each a check that fails the run with a `fleet: FAIL <check>: <what was s
            survivor did anything (others_disturbed = 0), and measured/predicted at 99 % stays
            under FLEET_MAX_RATIO (plus the time the survivors took to drop it from their rings,
            when it was the leader: the model knows no election).
+  wave     Every loader but the first then ends its hold at once (HOLD_AFTER_S after its storm) and
+           exits: three quarters of the fleet disconnect together. The first loader keeps its
+           devices WAVE_STAY_S longer. The survivors must drop every leaving device's connection,
+           none of them may fence (gateway_fence_events_total, read before and after), the leader
+           may not suspect a healthy member (gateway_suspicions_total: out of the ring), and the
+           staying loader's devices must not notice: no new attempt, all connected throughout. The
+           run prints how long the survivors took to drop the leavers and their slowest lease
+           renewal in the wave (gateway_lease_renewal_seconds).
 
 Sizing (the operator's N+1 rule): a process here may hold 20,000 open files, so a node holds at
 most ~19,850 devices (--max-connections, FLEET_MAX_CONNECTIONS). After one node dies the survivors
@@ -60,6 +68,10 @@ OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # Loaders keep their devices this long after their storm is measured, so that the survivors can be
 # read with every device back (the loaders finish within seconds of each other).
 HOLD_AFTER_S = 30
+# The first loader (the one that stays through the wave) keeps its devices this much longer.
+WAVE_STAY_S = 60
+# The wave's baseline is read this long after every device is back (see Fleet.kill).
+WAVE_BASELINE_S = 3
 PROGRESS = re.compile(r"connected (\d+)/(\d+) \(ever (\d+)\), attempts (\d+), failures (\d+)")
 
 
@@ -166,6 +178,28 @@ def series(text, names):
             if key.split("{")[0] in names:
                 out[key] = float(value)
     return out
+
+
+def slowest_bucket_ms(before, after, name):
+    """The upper bound (ms) of the highest histogram bucket of `name` that gained samples between
+    two expositions, or None if none did."""
+    def buckets(text):
+        out = {}
+        for line in text.splitlines():
+            m = re.match(re.escape(name) + r'_bucket\{le="([^"]+)"\} (\S+)$', line)
+            if m:
+                out[float(m.group(1))] = float(m.group(2))
+        return out
+    b, a = buckets(before), buckets(after)
+    gained = [le for le in sorted(a) if a[le] - b.get(le, 0) > 0]
+    if not gained:
+        return None
+    # Cumulative buckets: the first one that gained as much as +Inf did holds the slowest sample.
+    total = a[max(a)] - b.get(max(a), 0)
+    le = next(le for le in sorted(a) if a[le] - b.get(le, 0) >= total)
+    if math.isinf(le):
+        return f">{round(max(x for x in a if not math.isinf(x)) * 1000)}"
+    return round(le * 1000)
 
 
 def time_to_fraction(sorted_delays, total, frac):
@@ -383,7 +417,7 @@ class Fleet:
                   "err": self.dir / f"loader{j}.log"}
             args = [self.bin, "bench", "storm", "--await-exit", "--await-secs",
                     connect_timeout + self.hold_s + 600, "--timeout-secs", self.storm_timeout_s,
-                    "--hold-after-secs", HOLD_AFTER_S,
+                    "--hold-after-secs", HOLD_AFTER_S + (WAVE_STAY_S if j == 0 else 0),
                     "--nodes", urls, "--cluster", f"127.0.0.1:{self.nodes[0]['cluster']}",
                     "--devices", count, "--first", first, "--prefix", "fleet", "--sources", self.sources,
                     "--ramp", self.ramp, "--connect-timeout-secs", connect_timeout,
@@ -531,10 +565,20 @@ class Fleet:
         victim["proc"].send_signal(signal.SIGKILL)
         victim["proc"].wait()
         back = None  # the survivors once they hold every device (loaders hold them HOLD_AFTER_S more)
+        # The survivors' counters and the staying loader's progress, read WAVE_BASELINE_S after `back`:
+        # a loader prints its progress once a second, so a line read at `back` may predate the
+        # attempt that brought its last device back.
+        before_wave = None
+        stayer, leavers = self.loaders[0], self.loaders[1:]
+        first_exit = None  # when the first leaving loader was seen gone: the wave's start
         next_print = 0.0
         deadline = t_kill + self.storm_timeout_s + HOLD_AFTER_S + 120
-        while any(ld["proc"].poll() is None for ld in self.loaders):
+        while any(ld["proc"].poll() is None for ld in leavers):
             el = time.monotonic() - t_kill
+            if first_exit is None and any(ld["proc"].poll() is not None for ld in leavers):
+                first_exit = time.monotonic()
+            if before_wave is None and back is not None and (first_exit or el >= back["after_s"] + WAVE_BASELINE_S):
+                before_wave = ({n["name"]: self.metrics(n) for n in survivors}, self.loader_progress(stayer))
             c = self.conns(survivors)
             if back is None and sum(v or 0 for v in c.values()) == self.devices:
                 back = {"after_s": round(el, 1), "connections": c, "loadavg": loadavg(),
@@ -549,6 +593,9 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise Fail("storm", f"loaders still running {deadline - t_kill:.0f} s after the kill")
             time.sleep(0.2)
+        if before_wave is None and back is not None:  # every leaver went within one poll
+            before_wave = ({n["name"]: self.metrics(n) for n in survivors}, self.loader_progress(stayer))
+        wave = self.wave(survivors, stayer, before_wave, first_exit or time.monotonic())
         counters = {}
         for n in survivors:
             try:
@@ -564,6 +611,67 @@ class Fleet:
                 raise Fail("storm", f"loader {j} exited {ld['proc'].returncode} (see loader{j}.log)")
             reports.append(json.loads(Path(ld["out"]).read_text()))
         self.storm(reports, back)
+        self.check_wave(wave)
+
+    def wave(self, survivors, stayer, before, t0):
+        """Watches the leaving loaders' devices go (they have exited, the first at `t0`) while the
+        first loader stays, until it exits too; what was seen, for check_wave."""
+        left = self.devices - stayer["devices"]
+        log(f"wave: {len(self.loaders) - 1} loaders exited (the first {time.monotonic() - t0:.1f} s ago), "
+            f"{left} devices disconnecting at once; "
+            f"{stayer['devices']} devices of loader --first {stayer['first']} stay; loadavg {loadavg()}")
+        seen = {"leaving": left, "staying": stayer["devices"], "drained_s": None, "disturbed": None}
+        if before is None:
+            seen["disturbed"] = "the survivors never held every device, so the wave had no baseline"
+            stayer["proc"].wait()
+            return seen
+        base_attempts = before[1][3] if before[1] else None
+        deadline = t0 + WAVE_STAY_S + HOLD_AFTER_S + 60
+        next_print = 0.0
+        while stayer["proc"].poll() is None:
+            el = time.monotonic() - t0
+            c = self.conns(survivors)
+            total = sum(v or 0 for v in c.values())
+            p = self.loader_progress(stayer)
+            if seen["disturbed"] is None and (p is None or p[0] != stayer["devices"] or p[3] != base_attempts):
+                seen["disturbed"] = f"at +{el:.1f} s the staying loader reports {p} (connected, devices, ever, " \
+                                    f"attempts, failures); attempts when every device was back {base_attempts}"
+                log(f"wave: {seen['disturbed']}")
+            if seen["drained_s"] is None and total == stayer["devices"]:
+                seen["drained_s"] = round(el, 1)
+                log(f"wave +{el:4.1f} s: the survivors dropped every leaving device {c}; loadavg {loadavg()}")
+            elif el >= next_print:
+                next_print += 5
+                log(f"wave +{el:4.1f} s: survivors {c}; loadavg {loadavg()}")
+            if time.monotonic() > deadline:
+                raise Fail("wave", f"the staying loader still running {deadline - t0:.0f} s after the others exited")
+            time.sleep(0.2)
+        after = {n["name"]: self.metrics(n) for n in survivors}
+        def delta(name):
+            return {k: (metric(after[k], name) or 0) - (metric(before[0][k], name) or 0) for k in after}
+        seen["fences"] = delta("gateway_fence_events_total")
+        seen["suspicions"] = delta("gateway_suspicions_total")
+        seen["slowest_renewal_le_ms"] = {k: slowest_bucket_ms(before[0][k], after[k], "gateway_lease_renewal_seconds")
+                                         for k in after}
+        log(f"wave: the staying loader exited after {time.monotonic() - t0:.1f} s; fences during the wave "
+            f"{seen['fences']}, suspicions {seen['suspicions']}; slowest lease renewal (bucket upper bound, ms) "
+            f"{seen['slowest_renewal_le_ms']}")
+        self.result["wave"] = seen
+        return seen
+
+    def check_wave(self, seen):
+        if seen["disturbed"]:
+            raise Fail("wave", f"devices that stayed were disturbed while {seen['leaving']} others left: "
+                               f"{seen['disturbed']}")
+        if seen["drained_s"] is None:
+            raise Fail("wave", f"the survivors never dropped the {seen['leaving']} leaving devices' connections")
+        fenced = {k: v for k, v in seen["fences"].items() if v}
+        if fenced:
+            raise Fail("wave", f"survivors fenced while {seen['leaving']} devices disconnected at once: {fenced}")
+        suspected = {k: v for k, v in seen["suspicions"].items() if v}
+        if suspected:
+            raise Fail("wave", f"the leader took healthy members out of the ring while {seen['leaving']} devices "
+                               f"disconnected at once (gateway_suspicions_total): {suspected}")
 
     def storm(self, reports, back):
         storms = [r["storm"] for r in reports]
