@@ -49,8 +49,12 @@ fn guard_bootstraps_after_its_window_skips_on_restart_and_refuses_two_clusters()
     let window = Duration::from_millis(wait_ms);
     assert!(took >= window, "silent peers: the guard waits its whole window ({window:?}), ready after {took:?}");
     assert!(took <= window + 2 * SLACK, "bootstrap within the window plus start-up slack; took {took:?}");
-    let first = c.view(0).expect("n1 view");
-    assert!(!first.cluster_id.is_empty(), "bootstrapped a cluster: {first:?}");
+    // Ready means a leader and a live lease; the new leader records the cluster id right after
+    // extending the leases, in an entry of its own that may commit a moment later.
+    let first = wait_until(TIMING.settle_bound(), "n1 to record its cluster id", || match c.view(0) {
+        Ok(v) if !v.cluster_id.is_empty() => Ok(v),
+        other => Err(format!("{other:?}")),
+    });
     println!("first start with silent peers: ready after {took:?} (window {window:?})");
 
     // A restart with its data dir ignores --peers, even with a long window.
