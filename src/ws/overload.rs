@@ -4,8 +4,12 @@
 //! device from a state that is behind). Each window (as long as the threshold, at least 250 ms) in which more
 //! than 1 % of the handshakes' claims took longer than the threshold (p99 above it) halves the
 //! share, down to 5 % (so claims keep measuring the store); a window without that adds 10 %, up
-//! to all. Refused handshakes get 503 `overloaded` + Retry-After. Pure over an injected
-//! `Instant`: it reads no clock of its own.
+//! to all. Refused handshakes get 503 `overloaded` + Retry-After. An election is not overload:
+//! a new Raft term drops the window and admits everything again, and a claim that began in an
+//! older term is not a sample (claims park while the cluster has no leader; after a leader's death
+//! they had halved the share for seconds past the election, and a 1,490-device storm's last
+//! devices backed off 13 s instead of 4). Pure over an injected `Instant` and term: it reads no
+//! clock of its own.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,6 +33,8 @@ struct Window {
     slow: u64,
     /// Fractional admissions owed: each handshake adds `share`, one admission spends 1.
     credit: f64,
+    /// The newest Raft term seen (`observe_term`).
+    term: u64,
 }
 
 /// The controller; `threshold` zero turns it off.
@@ -45,7 +51,7 @@ impl Overload {
         Overload {
             threshold,
             window,
-            w: Mutex::new(Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0 }),
+            w: Mutex::new(Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0, term: 0 }),
         }
     }
 
@@ -74,6 +80,15 @@ impl Overload {
         self.roll(&mut w, now);
         w.samples += 1;
         w.slow += u64::from(latency > self.threshold);
+    }
+
+    /// The Raft term as this node sees it now. A newer one than before (an election happened)
+    /// forgives the slow samples and the lowered share: they were the election's.
+    pub fn observe_term(&self, term: u64, now: Instant) {
+        let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
+        if term > w.term {
+            *w = Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0, term };
+        }
     }
 
     /// The node was `lag` entries behind the log when a handshake came: a slow sample above
@@ -123,6 +138,29 @@ mod tests {
 
     fn admitted(o: &Overload, n: usize, now: Instant) -> usize {
         (0..n).filter(|_| o.admit(now).is_ok()).count()
+    }
+
+    #[test]
+    fn an_election_is_not_overload() {
+        let t0 = Instant::now();
+        let o = Overload::new(T, t0);
+        o.observe_term(3, t0);
+        // Claims parked while the leader was gone: two windows of slow samples halve the share twice.
+        o.observe(T * 4, t0);
+        o.observe(T * 4, t0 + T);
+        assert_eq!(o.share(t0 + 2 * T), 0.25);
+        // The same term again changes nothing; a new one (the election) admits everything again.
+        o.observe_term(3, t0 + 2 * T);
+        assert_eq!(o.share(t0 + 2 * T), 0.25);
+        o.observe_term(4, t0 + 2 * T);
+        assert_eq!(o.share(t0 + 2 * T), 1.0);
+        assert_eq!(admitted(&o, 100, t0 + 2 * T), 100);
+        // Slow commits in the new term are load again.
+        o.observe(T * 4, t0 + 2 * T);
+        assert_eq!(o.share(t0 + 3 * T), 0.5);
+        // An older term (a stale reading) forgives nothing.
+        o.observe_term(3, t0 + 3 * T);
+        assert_eq!(o.share(t0 + 3 * T), 0.5);
     }
 
     #[test]
