@@ -37,16 +37,16 @@ fn set_nice(_nice: i32) -> std::io::Result<()> {
     Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "per-thread priorities are Linux only"))
 }
 
-/// The calling thread's nice value, as the kernel reports it (`/proc/thread-self/stat`).
-pub fn this_thread_nice() -> Option<i32> {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-    // The command name (field 2) may hold spaces: count from the closing parenthesis.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
-}
-
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    /// The calling thread's nice value, as the kernel reports it (`/proc/thread-self/stat`).
+    fn this_thread_nice() -> Option<i32> {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+        // The command name (field 2) may hold spaces: count from the closing parenthesis.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+    }
 
     #[test]
     fn a_lowered_thread_runs_at_the_new_nice_and_its_siblings_do_not() {
