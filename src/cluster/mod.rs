@@ -344,6 +344,11 @@ impl Handle {
         self.inner.raft.metrics().borrow_watched().current_leader
     }
 
+    /// The Raft term this node's Raft instance is in.
+    pub fn term(&self) -> u64 {
+        self.inner.raft.metrics().borrow_watched().current_term
+    }
+
     pub fn leadership(&self) -> Leadership {
         Leadership { rx: self.inner.raft.metrics() }
     }

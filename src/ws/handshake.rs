@@ -57,7 +57,7 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited").retry_after(secs));
     }
     let now = std::time::Instant::now();
-    g.overload.observe_term(g.cluster.leadership().now().1, now);
+    g.overload.observe_term(g.cluster.term(), now);
     g.overload.observe_apply_lag(g.cluster.apply_lag(), now);
     let shed = g.overload.admit(now);
     g.metrics.admitted_share.set((g.overload.share(now) * 1000.0).round() as i64);
@@ -193,11 +193,11 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         }
     };
     let claim = Claim { device: device.clone(), node: me, conn, epoch, attempt };
-    let (started, term) = (std::time::Instant::now(), g.cluster.leadership().now().1);
+    let (started, term) = (std::time::Instant::now(), g.cluster.term());
     let outcome = tokio::time::timeout(g.handshake_timeout, g.cluster.claim(claim, tenant.clone())).await;
     g.metrics.claim_seconds.observe(started.elapsed().as_secs_f64());
     // A claim that waited out an election says nothing about load (see `overload`).
-    if g.cluster.leadership().now().1 == term {
+    if g.cluster.term() == term {
         g.overload.observe(started.elapsed(), std::time::Instant::now());
     }
     let accepted = match outcome {

@@ -37,6 +37,13 @@ struct Window {
     term: u64,
 }
 
+impl Window {
+    /// Admitting everything, with no sample yet, from `now` in `term`.
+    fn fresh(now: Instant, term: u64) -> Window {
+        Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0, term }
+    }
+}
+
 /// The controller; `threshold` zero turns it off.
 #[derive(Debug)]
 pub struct Overload {
@@ -48,11 +55,7 @@ pub struct Overload {
 impl Overload {
     pub fn new(threshold: Duration, now: Instant) -> Overload {
         let window = threshold.max(Duration::from_millis(250));
-        Overload {
-            threshold,
-            window,
-            w: Mutex::new(Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0, term: 0 }),
-        }
+        Overload { threshold, window, w: Mutex::new(Window::fresh(now, 0)) }
     }
 
     /// Closes the windows that ended by `now`: the one with samples decides down or up; each
@@ -87,7 +90,7 @@ impl Overload {
     pub fn observe_term(&self, term: u64, now: Instant) {
         let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
         if term > w.term {
-            *w = Window { share: 1.0, started: now, samples: 0, slow: 0, credit: 0.0, term };
+            *w = Window::fresh(now, term);
         }
     }
 
