@@ -35,7 +35,10 @@ use openraft::async_runtime::WatchReceiver as _;
 pub use proposer::ProposeError;
 use proposer::Proposer;
 
-/// The applied view, republished after every apply.
+/// The applied view, replaced after every apply: `borrow()` always reads the newest. `changed()`
+/// wakes only when something other than the route counts and the cluster clock changed (see
+/// [`crate::machine::State::same_shape`]): claims and releases, nearly every apply of a busy
+/// cluster, would otherwise wake every watcher on every commit.
 pub type ClusterWatch = watch::Receiver<Arc<ClusterView>>;
 
 /// A read of the applied state failed (the store or its blocking task).

@@ -69,6 +69,43 @@ pub struct State {
 }
 
 impl State {
+    /// Whether `other` equals this state in all but what nearly every claim and release moves
+    /// (the per-node route counts and the cluster clock): what the view's watchers wake for.
+    pub fn same_shape(&self, other: &State) -> bool {
+        let State {
+            cluster_id,
+            ring_version,
+            clock_ms: _,
+            extended_term,
+            admission,
+            members,
+            voters,
+            nodes,
+            event_seq,
+            scale_in,
+            capacity,
+            max_connections,
+        } = self;
+        let same_lease = |a: &NodeLease, b: &NodeLease| {
+            let NodeLease { lease_until_ms, state, connections, routes: _, incarnation, extendable, suspect_until_ms } =
+                a;
+            (*lease_until_ms, *state, *connections, *incarnation, *extendable, *suspect_until_ms)
+                == (b.lease_until_ms, b.state, b.connections, b.incarnation, b.extendable, b.suspect_until_ms)
+        };
+        *cluster_id == other.cluster_id
+            && *ring_version == other.ring_version
+            && *extended_term == other.extended_term
+            && *admission == other.admission
+            && *members == other.members
+            && *voters == other.voters
+            && *event_seq == other.event_seq
+            && *scale_in == other.scale_in
+            && *capacity == other.capacity
+            && *max_connections == other.max_connections
+            && nodes.len() == other.nodes.len()
+            && nodes.iter().zip(&other.nodes).all(|((ia, a), (ib, b))| ia == ib && same_lease(a, b))
+    }
+
     pub fn is_member(&self, node: NodeId) -> bool {
         self.members.contains_key(&node)
     }

@@ -99,7 +99,13 @@ impl StateMachine {
         self.clock.observe(state.clock_ms);
         self.state = state.clone();
         self.applied = applied;
-        self.view.send_modify(|v| *v = Arc::new(ClusterView::new(state, Some(v))));
+        // Every reader sees the new view; watchers wake only when its shape changed (see
+        // `cluster::ClusterWatch`).
+        self.view.send_if_modified(|v| {
+            let reshaped = !v.state.same_shape(&state);
+            *v = Arc::new(ClusterView::new(state, Some(v)));
+            reshaped
+        });
     }
 }
 

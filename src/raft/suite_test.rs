@@ -75,6 +75,53 @@ async fn applied_state_and_view_survive_a_reopen() {
     assert_eq!(db.route("d").unwrap().0.map(|r| (r.node, r.conn)), Some((2, 7)));
 }
 
+/// The view is stored after every apply, but its watchers (`changed()`) wake only when something
+/// other than route counts and the cluster clock changed: claims and releases, nearly every apply
+/// of a busy cluster, update what readers borrow without waking the tasks that follow the
+/// membership, the leases and the ring.
+#[tokio::test]
+async fn claims_update_the_view_without_waking_its_watchers() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use futures_util::stream;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{EntryPayload, Membership};
+
+    use super::types::{log_id as id, Entry, Request};
+    use crate::machine::{Claim, Command, Member, Release, Renew};
+
+    async fn apply(sm: &mut StateMachine, index: &mut u64, payload: EntryPayload<Request, u64, Member>) {
+        *index += 1;
+        let entry = Entry { log_id: id(3, 1, *index), payload };
+        sm.apply(stream::iter([Ok((entry, None))])).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+    let (mut sm, mut view) = StateMachine::new(db, loaded, Default::default(), Default::default()).unwrap();
+    let mut index = 0;
+    let cmds = |cmds: Vec<Command>| EntryPayload::Normal(Request { cmds });
+    let members: BTreeMap<u64, Member> =
+        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() })].into();
+    let membership = Membership::new(vec![BTreeSet::from([1])], members).unwrap();
+    apply(&mut sm, &mut index, EntryPayload::Membership(membership)).await;
+    let renew = |at_ms, draining| Renew { node: 1, at_ms, lease_ms: 1000, connections: 0, draining, incarnation: 1 };
+    apply(&mut sm, &mut index, cmds(vec![renew(10, false).into()])).await;
+    assert!(view.has_changed().unwrap(), "a new member and its lease wake the watchers");
+    view.borrow_and_update();
+
+    let claim = |device: &str, conn| Claim { device: device.into(), node: 1, conn, epoch: 0, attempt: 1 };
+    apply(&mut sm, &mut index, cmds(vec![claim("a", 1).into(), claim("b", 2).into()])).await;
+    assert!(!view.has_changed().unwrap(), "claims do not wake the watchers");
+    assert_eq!(view.borrow().lease(1).map(|l| l.routes), Some(2), "but readers see their route counts");
+    apply(&mut sm, &mut index, cmds(vec![Release { device: "a".into(), conn: 1 }.into()])).await;
+    assert!(!view.has_changed().unwrap(), "nor does a release");
+    assert_eq!(view.borrow().lease(1).map(|l| l.routes), Some(1));
+
+    apply(&mut sm, &mut index, cmds(vec![renew(20, true).into()])).await;
+    assert!(view.has_changed().unwrap(), "a lease that changes wakes them");
+    assert_eq!(view.borrow_and_update().lease(1).map(|l| l.state), Some(crate::machine::LeaseState::Draining));
+}
+
 /// What openraft 0.9 wrote (log entries, the vote, log ids, the applied meta, a stored snapshot),
 /// encoded by the 0.9 build of this project, decodes under 0.10 to the same values, and all but
 /// the snapshot (whose meta lost its id) encode back to the same bytes: a store written before the
