@@ -56,10 +56,11 @@ fn main() {
     let conc = env_or("HANDSHAKES_BENCH_C", 64) as usize;
     let idle = env_or("HANDSHAKES_BENCH_IDLE", 2000) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let (fsync_us, rtt_us) = support::floor(500);
+    let support::Floor { fsync_us, fsync3_us, rtt_us } = support::floor(500);
     println!(
         "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {} cpus, loadavg {}; \
-         floor: fdatasync p50 {fsync_us:.0} us, loopback round trip p50 {rtt_us:.0} us",
+         floor: fdatasync p50 {fsync_us:.0} us ({fsync3_us:.0} us with three writers at once), \
+         loopback round trip p50 {rtt_us:.0} us",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg()
     );
@@ -123,7 +124,7 @@ fn main() {
     println!("{renewals}");
     println!(
         "{}",
-        json!({"bench": "handshakes", "fsync_us": fsync_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs,
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs,
                "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json()})
     );
 }

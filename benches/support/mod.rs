@@ -286,27 +286,58 @@ pub fn random_hex(chars: usize, seed: u64) -> String {
         .collect()
 }
 
-/// The physical floor of a claim on this machine, printed beside the results: the median of
-/// `rounds` 4 KiB write + fdatasync in the directory the nodes write to, and of `rounds` one-byte
-/// TCP round trips over loopback (no Nagle), in microseconds.
-pub fn floor(rounds: usize) -> (f64, f64) {
+/// The physical floor of a claim on this machine, printed beside the results, in microseconds.
+pub struct Floor {
+    /// The median 4 KiB write + fdatasync, one writer.
+    pub fsync_us: f64,
+    /// The same with three writers at once, each on its own file: what the three nodes of a
+    /// bench cluster pay, sharing one disk, when a claim makes each of them flush.
+    pub fsync3_us: f64,
+    /// The median one-byte TCP round trip over loopback (no Nagle).
+    pub rtt_us: f64,
+}
+
+/// `writers` threads, each writing 4 KiB and calling fdatasync `rounds` times on a file of its
+/// own in the directory the nodes write to; every call's latency in microseconds.
+fn fsync_probe(writers: usize, rounds: usize) -> Vec<f64> {
+    use std::io::Write;
+    let start = std::sync::Barrier::new(writers);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..writers)
+            .map(|w| {
+                let start = &start;
+                scope.spawn(move || {
+                    let name = format!("gateway-bench-fsync-{}-{w}", std::process::id());
+                    let path = std::env::temp_dir().join(name);
+                    let mut f = File::create(&path).expect("create fsync probe file");
+                    let block = [0x5au8; 4096];
+                    start.wait();
+                    let lat: Vec<f64> = (0..rounds)
+                        .map(|_| {
+                            let t = Instant::now();
+                            f.write_all(&block).expect("write probe");
+                            f.sync_data().expect("fdatasync probe");
+                            t.elapsed().as_secs_f64() * 1e6
+                        })
+                        .collect();
+                    let _ = fs::remove_file(&path);
+                    lat
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|t| t.join().expect("fsync probe thread")).collect()
+    })
+}
+
+/// Measures [`Floor`]: `rounds` of each probe.
+pub fn floor(rounds: usize) -> Floor {
     use std::io::Write;
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let path = std::env::temp_dir().join(format!("gateway-bench-fsync-{}", std::process::id()));
-    let mut f = File::create(&path).expect("create fsync probe file");
-    let block = [0x5au8; 4096];
-    let fsync: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(&block).expect("write probe");
-            f.sync_data().expect("fdatasync probe");
-            t.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    let _ = fs::remove_file(&path);
+    let fsync = fsync_probe(1, rounds);
+    let fsync3 = fsync_probe(3, rounds);
 
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
     let addr = listener.local_addr().expect("echo addr");
@@ -328,5 +359,5 @@ pub fn floor(rounds: usize) -> (f64, f64) {
         .collect();
     drop(s);
     let _ = echo.join();
-    (median(fsync), median(rtt))
+    Floor { fsync_us: median(fsync), fsync3_us: median(fsync3), rtt_us: median(rtt) }
 }
