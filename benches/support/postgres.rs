@@ -287,7 +287,7 @@ impl Postgres {
         total * 10_000
     }
 
-    /// Waits (up to 10 s) until the postmaster's only children are its auxiliary processes (the
+    /// Waits (up to [`BACKEND_EXIT_BOUND`]) until the postmaster's only children are its auxiliary processes (the
     /// checkpointer, walwriter, ...): every backend that served the last run (or the setup's psql)
     /// has exited and been reaped, so its CPU time is in the postmaster's `cutime` and not in a
     /// process that could be reaped between the reads of [`server_cpu_us`]. A backend read in the
@@ -300,11 +300,15 @@ impl Postgres {
     fn settle(&self) {
         let Some(pm) = self.postmaster() else { return };
         let start = Instant::now();
-        while children(pm).iter().any(|p| !self.auxiliary.contains(p)) && start.elapsed() < Duration::from_secs(10) {
+        while children(pm).iter().any(|p| !self.auxiliary.contains(p)) && start.elapsed() < BACKEND_EXIT_BOUND {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
+
+/// How long [`Postgres::settle`] waits for the last run's backends to exit and be reaped: they
+/// normally go within a second; past this the CPU reading is taken anyway.
+const BACKEND_EXIT_BOUND: Duration = Duration::from_secs(10);
 
 /// Titles of the postmaster's long-lived children (PostgreSQL 13–17): `postgres: checkpointer`, ...
 const AUXILIARY: [&str; 5] =
