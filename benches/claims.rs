@@ -118,8 +118,18 @@ fn table(
         }
     };
     let header = format!(
-        "{:>3} | {:<6} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>15} | {:>14} | {}",
-        "C", "via", unit, "p50 ms", "p99 ms", "cmds/entry", "entries/fsync", per_fsync, "cpu us L F ld", "errors"
+        "{:>3} | {:<6} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>15} | {:>14} | {:>9} | {}",
+        "C",
+        "via",
+        unit,
+        "p50 ms",
+        "p99 ms",
+        "cmds/entry",
+        "entries/fsync",
+        per_fsync,
+        "cpu us L F ld",
+        "sw L F",
+        "errors"
     );
     println!("\n{title}\n{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
@@ -129,11 +139,13 @@ fn table(
             let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };
             let before = rt.block_on(scrape(&leader));
             let load_before = loadavg();
+            let sw_before = switches(rt, cluster, &leader);
             let cpu_before = cpu(cluster, &leader);
             let tag = format!("{c}{via}");
             let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
             claimed.extend(r.claimed.iter().cloned());
             let cpu_after = cpu(cluster, &leader);
+            let sw_after = switches(rt, cluster, &leader);
             let after = rt.block_on(scrape(&leader));
             let leader_after = cluster.leader().unwrap_or_else(|e| format!("? ({e})"));
             let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
@@ -158,8 +170,9 @@ fn table(
             // CPU microseconds per completed request: the leader, the two followers, the loader.
             let per = |i: usize| (cpu_after[i].saturating_sub(cpu_before[i])) as f64 / (r.ok.max(1) as f64);
             let cpu_per = [per(0), per(1), per(2)];
+            let sw_per = [0, 1].map(|i| (sw_after[i] - sw_before[i]) / (r.ok.max(1) as f64));
             println!(
-                "{c:>3} | {via:<6} | {rate:>9.0} | {:>7.2} | {:>7.2} | {:>12.2} | {:>13.2} | {:>15.2} | {:>4.0} {:>4.0} {:>4.0} | {errors}{note}",
+                "{c:>3} | {via:<6} | {rate:>9.0} | {:>7.2} | {:>7.2} | {:>12.2} | {:>13.2} | {:>15.2} | {:>4.0} {:>4.0} {:>4.0} | {:>4.1} {:>4.1} | {errors}{note}",
                 r.p50_ms,
                 r.p99_ms,
                 ratio(cmds, batches),
@@ -168,6 +181,8 @@ fn table(
                 cpu_per[0],
                 cpu_per[1],
                 cpu_per[2],
+                sw_per[0],
+                sw_per[1],
             );
             let (count_key, rate_key, per_fsync_key) = match &op {
                 Op::Claim => ("claims", "claims_per_s", "claims_per_fsync"),
@@ -184,6 +199,7 @@ fn table(
                 "commands_per_entry": ratio(cmds, batches), "entries_per_fsync": ratio(entries, fsyncs),
                 per_fsync_key: ratio(cmds, fsyncs),
                 "cpu_us_per_op": {"leader": cpu_per[0], "followers": cpu_per[1], "loader": cpu_per[2]},
+                "switches_per_op": {"leader": sw_per[0], "followers": sw_per[1]},
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));
@@ -195,6 +211,20 @@ fn table(
         }
     }
     rows
+}
+
+/// Context switches so far (voluntary and involuntary, every thread, ended ones included: each
+/// node's `gateway_process_*_context_switches_total`): the leader, both followers together. A
+/// thread hand-off costs a switch on each side, so this counts hand-offs per request.
+fn switches(rt: &tokio::runtime::Runtime, cluster: &Cluster, leader: &str) -> [f64; 2] {
+    let mut out = [0.0; 2];
+    for n in &cluster.nodes {
+        let m = rt.block_on(scrape(&n.cluster_addr));
+        let count = |kind: &str| m.get(&format!("gateway_process_{kind}_context_switches_total")).copied();
+        let total = count("voluntary").unwrap_or(0.0) + count("involuntary").unwrap_or(0.0);
+        out[usize::from(n.cluster_addr != leader)] += total;
+    }
+    out
 }
 
 /// CPU time used so far (µs): the leader, both followers together, this loader.

@@ -132,6 +132,8 @@ fn process_metrics_follow_the_process() {
     // Read a moment apart, so not equal; a wrong unit (pages, KiB) would be off by 4096x or 1024x.
     assert!(exported > rss / 2.0 && exported < rss * 2.0, "exported RSS {exported}, /proc says {rss}");
     assert!(c.metric(0, "gateway_process_cpu_seconds_total").is_some_and(|s| s > 0.0), "cpu seconds");
+    let waits = c.metric(0, "gateway_process_voluntary_context_switches_total");
+    assert!(waits.is_some_and(|n| n > 0.0), "voluntary context switches: {waits:?}");
     assert!(c.metric(0, "gateway_process_max_fds").is_some_and(|m| m >= during), "max fds");
     drop(held);
 }

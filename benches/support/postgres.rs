@@ -201,7 +201,7 @@ impl Postgres {
             errors = format!("failed:{failed}");
         }
         let line = format!(
-            "{c:>3} | {:<6} | {tps:>9.0} | {:>7.2} | {:>7.2} | {:>12} | {:>13} | {per_sync:>15.2} | {:>4.0} {:>4} {:>4.0} | {}",
+            "{c:>3} | {:<6} | {tps:>9.0} | {:>7.2} | {:>7.2} | {:>12} | {:>13} | {per_sync:>15.2} | {:>4.0} {:>4} {:>4.0} | {:>9} | {}",
             "pg",
             pct(0.5),
             pct(0.99),
@@ -210,6 +210,7 @@ impl Postgres {
             cpu.0,
             "-",
             cpu.1,
+            "-",
             if errors.is_empty() { "0" } else { &errors },
         );
         let json = json!({

@@ -1,6 +1,7 @@
 //! Process metrics read from `/proc/self` at each scrape (`gateway_process_*`): resident and
-//! virtual memory, CPU time, threads, open and allowed file descriptors, start time. Reads only
-//! this process's own files; on a system without `/proc` the family is simply absent.
+//! virtual memory, CPU time, threads, open and allowed file descriptors, start time; and the
+//! context switches of all its threads, from `getrusage`. Reads only this process's own files; on
+//! a system without `/proc` that part of the family is simply absent.
 
 use std::fmt::Error as FmtError;
 
@@ -22,6 +23,8 @@ pub struct Sample {
     pub start_time_seconds: Option<f64>,
     pub open_fds: Option<u64>,
     pub max_fds: Option<u64>,
+    /// See [`context_switches`].
+    pub context_switches: Option<(u64, u64)>,
 }
 
 impl Sample {
@@ -42,8 +45,24 @@ impl Sample {
                 .map(|((_, _, start), btime)| btime as f64 + start as f64 / USER_HZ),
             open_fds: std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64),
             max_fds: max_open_files(&limits),
+            context_switches: context_switches(),
         }
     }
+}
+
+/// Context switches of every thread of this process so far, ended threads included
+/// (`getrusage(RUSAGE_SELF)`): (voluntary: a thread blocked or waited; involuntary: the scheduler
+/// took its core). A thread hand-off costs a voluntary switch on each side, so their rate per
+/// request is how the benches count hand-offs.
+pub fn context_switches() -> Option<(u64, u64)> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage only writes one `rusage` through the pointer, which points at one.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: zeroed is a valid `rusage` (plain integers), and getrusage succeeded.
+    let usage = unsafe { usage.assume_init() };
+    Some((u64::try_from(usage.ru_nvcsw).ok()?, u64::try_from(usage.ru_nivcsw).ok()?))
 }
 
 /// This process's CPU time (user + system) in seconds, from `/proc/self/stat` alone: cheap
@@ -115,6 +134,16 @@ impl Collector for ProcessCollector {
                 c.metric_type(),
             )?)?;
         }
+        if let Some((voluntary, involuntary)) = s.context_switches {
+            let counters = [
+                ("process_voluntary_context_switches", "Context switches of all threads: waits", voluntary),
+                ("process_involuntary_context_switches", "Context switches of all threads: preemptions", involuntary),
+            ];
+            for (name, help, value) in counters {
+                let c = ConstCounter::new(value);
+                c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+            }
+        }
         if let Some(v) = s.start_time_seconds {
             let g = ConstGauge::new(v);
             g.encode(encoder.encode_descriptor(
@@ -157,5 +186,17 @@ mod tests {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         let start = s.start_time_seconds.expect("start time");
         assert!(start <= now + 1.0 && start > now - 86_400.0, "start {start}, now {now}");
+    }
+
+    #[test]
+    fn counts_the_context_switches_of_threads_that_ended() {
+        const WAITS: u64 = 20;
+        let (before, _) = context_switches().expect("getrusage on Linux");
+        // Each sleep blocks the thread: a voluntary switch, counted after the thread is gone.
+        std::thread::spawn(|| (0..WAITS).for_each(|_| std::thread::sleep(std::time::Duration::from_millis(1))))
+            .join()
+            .unwrap();
+        let (after, _) = context_switches().expect("getrusage on Linux");
+        assert!(after >= before + WAITS, "voluntary switches {before} -> {after}");
     }
 }
