@@ -288,14 +288,14 @@ impl Postgres {
         total * 10_000
     }
 
-    /// Waits (up to [`BACKEND_EXIT_BOUND`]) until the postmaster's only children are its auxiliary processes (the
-    /// checkpointer, walwriter, ...): every backend that served the last run (or the setup's psql)
-    /// has exited and been reaped, so its CPU time is in the postmaster's `cutime` and not in a
-    /// process that could be reaped between the reads of [`server_cpu_us`]. A backend read in the
-    /// middle of its exit was counted in neither: C = 1 runs showed 3–16 µs of server CPU per claim
-    /// against ~400 µs in the runs beside them. An exiting backend cannot be told by its title (its
-    /// memory, and so its title, is gone before it is a zombie), so what is waited for is the set
-    /// of auxiliary processes, by title, once the server is up.
+    /// Waits (up to [`BACKEND_EXIT_BOUND`]) until the postmaster's only children are its auxiliary
+    /// processes (the checkpointer, walwriter, ...): every backend that served the last run (or the
+    /// setup's psql) has exited and been reaped, so its CPU time is in the postmaster's `cutime`
+    /// and not in a process that could be reaped between the reads of [`server_cpu_us`]. A backend
+    /// read in the middle of its exit was counted in neither: C = 1 runs showed 3–16 µs of server
+    /// CPU per claim against ~400 µs in the runs beside them. An exiting backend cannot be told by
+    /// its title (its memory, and so its title, is gone before it is a zombie), so what is waited
+    /// for is the set of auxiliary processes, by title, once the server is up.
     ///
     /// [`server_cpu_us`]: Postgres::server_cpu_us
     fn settle(&self) {
