@@ -7,10 +7,10 @@
 //! concurrency C (1, 8, 64, 256) runs
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
 //! (default 5), once sending every claim to the leader and once spreading them over all three nodes
-//! (followers forward to the leader). The leader's `/metrics` is scraped before and after each run
-//! to show how claims were folded into log entries and fsyncs, and each process's CPU time is read
-//! from `/proc` to print CPU microseconds per request on the leader, the two followers together
-//! and this loader.
+//! (followers forward to the leader). Every node's `/metrics` is scraped before and after each run
+//! to show how claims were folded into log entries and fsyncs (the leader's) and how many context
+//! switches each claim cost, and each process's CPU time is read from `/proc` to print CPU
+//! microseconds per request on the leader, the two followers together and this loader.
 //!
 //! A publish phase follows: for each C, C tasks loop `POST /v1/devices/{id}/messages` with a small
 //! JSON body for the same duration, each task on its own device claimed during the claims phase
@@ -25,7 +25,7 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -137,16 +137,18 @@ fn table(
         for via in ["leader", "all"] {
             let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader before run: {e}"));
             let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };
-            let before = rt.block_on(scrape(&leader));
+            let before_all = scrape_nodes(rt, cluster);
             let load_before = loadavg();
-            let sw_before = switches(rt, cluster, &leader);
             let cpu_before = cpu(cluster, &leader);
             let tag = format!("{c}{via}");
             let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
             claimed.extend(r.claimed.iter().cloned());
             let cpu_after = cpu(cluster, &leader);
-            let sw_after = switches(rt, cluster, &leader);
-            let after = rt.block_on(scrape(&leader));
+            let after_all = scrape_nodes(rt, cluster);
+            let none = HashMap::new();
+            let before = before_all.get(&leader).unwrap_or(&none);
+            let after = after_all.get(&leader).unwrap_or(&none);
+            let (sw_before, sw_after) = (switches(&before_all, &leader), switches(&after_all, &leader));
             let leader_after = cluster.leader().unwrap_or_else(|e| format!("? ({e})"));
             let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
             let (fsyncs, entries) = (d("gateway_log_fsyncs_total"), d("gateway_log_entries_total"));
@@ -213,16 +215,20 @@ fn table(
     rows
 }
 
+/// Every node's `/metrics`, by cluster address.
+fn scrape_nodes(rt: &tokio::runtime::Runtime, cluster: &Cluster) -> HashMap<String, HashMap<String, f64>> {
+    cluster.nodes.iter().map(|n| (n.cluster_addr.clone(), rt.block_on(scrape(&n.cluster_addr)))).collect()
+}
+
 /// Context switches so far (voluntary and involuntary, every thread, ended ones included: each
 /// node's `gateway_process_*_context_switches_total`): the leader, both followers together. A
 /// thread hand-off costs a switch on each side, so this counts hand-offs per request.
-fn switches(rt: &tokio::runtime::Runtime, cluster: &Cluster, leader: &str) -> [f64; 2] {
+fn switches(nodes: &HashMap<String, HashMap<String, f64>>, leader: &str) -> [f64; 2] {
     let mut out = [0.0; 2];
-    for n in &cluster.nodes {
-        let m = rt.block_on(scrape(&n.cluster_addr));
+    for (addr, m) in nodes {
         let count = |kind: &str| m.get(&format!("gateway_process_{kind}_context_switches_total")).copied();
         let total = count("voluntary").unwrap_or(0.0) + count("involuntary").unwrap_or(0.0);
-        out[usize::from(n.cluster_addr != leader)] += total;
+        out[usize::from(addr != leader)] += total;
     }
     out
 }
