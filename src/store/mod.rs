@@ -6,6 +6,7 @@
 pub mod log;
 mod schema;
 pub mod state;
+mod txn;
 
 /// Page cache of a database opened by a unit test.
 #[cfg(test)]

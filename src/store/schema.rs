@@ -7,10 +7,14 @@ use redb::{Key, ReadTransaction, ReadableTable, TableDefinition, TableHandle, Va
 
 use super::StoreError;
 
-/// device → route (codec).
-pub(super) const ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
-/// device → floor (codec).
-pub(super) const FLOORS: TableDefinition<&str, &[u8]> = TableDefinition::new("route_floor");
+/// device → its route (while connected) and floor (once it claimed), one row (codec
+/// `state::DeviceRow`): a claim reads one row and writes one, where separate route and floor
+/// tables cost two B-tree inserts (each copying a leaf) and two dirty pages to checksum and write.
+pub(super) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
+/// Layout 2's device → route and device → floor tables (codec): read only to migrate a file or
+/// install a snapshot of that layout, never written.
+pub(super) const LEGACY_ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
+pub(super) const LEGACY_FLOORS: TableDefinition<&str, &[u8]> = TableDefinition::new("route_floor");
 /// (node, device) for every route, so a sweep deletes a node's routes without a full scan.
 pub(super) const NODE_ROUTES: TableDefinition<(u64, &str), ()> = TableDefinition::new("node_routes");
 /// node → lease (codec).
@@ -39,9 +43,8 @@ pub(super) const CLUSTER_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
-pub(super) static STATE_TABLES: [&dyn RawTable; 13] = [
-    &ROUTES,
-    &FLOORS,
+pub(super) static STATE_TABLES: [&dyn RawTable; 12] = [
+    &DEVICES,
     &NODE_ROUTES,
     &NODES,
     &META,

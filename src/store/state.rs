@@ -1,46 +1,48 @@
 //! `state.redb`: the applied state machine's tables (see `store::schema`). Applies commit
 //! without fsync, with the Raft adapter's applied meta in the same transaction, so a crash replays
 //! from the log; building or installing a snapshot commits durably, so the state on disk is never
-//! behind a purged log. Callers run every function here on the blocking pool.
+//! behind a purged log. An apply's transaction is [`StateTxn`] (`store::txn`). Callers run every
+//! function here on the blocking pool.
 
-use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
     WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 
 use super::schema::{
-    Rows, CLUSTER_EVENTS, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, NODE_ROUTES,
-    ROUTES, SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
+    RawTable, Rows, CLUSTER_EVENTS, DEVICES, HEADS, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES, META, NODES, SNAPSHOT,
+    STATE_TABLES, STREAMS, TENANTS,
 };
+pub use super::txn::StateTxn;
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::machine::{
-    ClusterEvent, Entry, Floor, Head, KeyUse, Message, NodeId, Route, State, StreamRead, Tables, TenantRow,
-};
+use crate::machine::{ClusterEvent, Entry, Floor, Head, Message, Route, State, StreamRead, TenantRow};
 
-/// The layout of this file, written when it is created: a file of another layout is refused
-/// with a clear error, never misread. 2: the table registry (`store::schema`) and the adapter's
-/// applied meta under one key.
+/// The layout of this file, written when it is created: a file of another layout is migrated
+/// (from 2) or refused with a clear error, never misread. 2: the table registry
+/// (`store::schema`) and the adapter's applied meta under one key; 3: a device's route and floor
+/// in one row (`devices`).
 const FORMAT: &str = "format";
-pub const STATE_FORMAT: u32 = 2;
-const RING_VERSION: &str = "ring_version";
-const CLUSTER_ID: &str = "cluster_id";
-const CLOCK_MS: &str = "clock_ms";
-const EXTENDED_TERM: &str = "extended_term";
-const ADMISSION: &str = "admission";
+pub const STATE_FORMAT: u32 = 3;
+/// The layout [`StateDb::open`] migrates in place (and whose snapshots [`StateDb::install`] reads).
+const MIGRATED_FORMAT: u32 = 2;
+pub(super) const RING_VERSION: &str = "ring_version";
+pub(super) const CLUSTER_ID: &str = "cluster_id";
+pub(super) const CLOCK_MS: &str = "clock_ms";
+pub(super) const EXTENDED_TERM: &str = "extended_term";
+pub(super) const ADMISSION: &str = "admission";
 /// Added in issue 15 under new keys (a file without them loads the defaults: no format bump).
-const EVENT_SEQ: &str = "event_seq";
-const SCALE_IN: &str = "scale_in";
-const CAPACITY: &str = "capacity";
-const MAX_CONNECTIONS: &str = "max_connections";
+pub(super) const EVENT_SEQ: &str = "event_seq";
+pub(super) const SCALE_IN: &str = "scale_in";
+pub(super) const CAPACITY: &str = "capacity";
+pub(super) const MAX_CONNECTIONS: &str = "max_connections";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
-const APPLIED: &str = "applied";
+pub(super) const APPLIED: &str = "applied";
 const CURRENT_SNAPSHOT: &str = "current";
 
 /// What a database holds on open or after an install: the machine's in-memory state (without the
@@ -66,6 +68,32 @@ pub struct Dump {
 /// A device's route (if connected) and floor (if it ever claimed).
 pub type RouteAndFloor = (Option<Route>, Option<Floor>);
 
+/// A row of `devices`: what layout 2 kept in two tables. A row exists while either is set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct DeviceRow {
+    pub(super) route: Option<Route>,
+    pub(super) floor: Option<Floor>,
+}
+
+impl DeviceRow {
+    fn split(self) -> RouteAndFloor {
+        (self.route, self.floor)
+    }
+}
+
+/// Layout 2's route and floor rows (redb key bytes, codec values) merged into `devices` rows,
+/// in key order.
+pub(super) fn merge_legacy(routes: &Rows, floors: &Rows) -> Result<Rows, StoreError> {
+    let mut merged: BTreeMap<Vec<u8>, DeviceRow> = BTreeMap::new();
+    for (k, v) in routes {
+        merged.entry(k.clone()).or_default().route = Some(decode(v)?);
+    }
+    for (k, v) in floors {
+        merged.entry(k.clone()).or_default().floor = Some(decode(v)?);
+    }
+    merged.into_iter().map(|(k, row)| Ok((k, encode(&row)?))).collect()
+}
+
 /// Handle on `state.redb`. Cheap to clone.
 #[derive(Clone)]
 pub struct StateDb {
@@ -88,6 +116,14 @@ impl StateDb {
             let format: Option<u32> = get(&meta, FORMAT)?;
             match format {
                 Some(STATE_FORMAT) => {}
+                Some(MIGRATED_FORMAT) => {
+                    drop(meta);
+                    migrate(&txn)?;
+                    tracing::info!(
+                        path = %path.display(),
+                        "migrated the state file from layout {MIGRATED_FORMAT} to {STATE_FORMAT}"
+                    );
+                }
                 None if meta.is_empty()? => {
                     meta.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
                 }
@@ -135,11 +171,16 @@ impl StateDb {
     }
 
     /// Runs one apply transaction (not fsynced); `f` applies through the [`StateTxn`] and ends
-    /// with [`StateTxn::save`].
+    /// with [`StateTxn::save`]. The device rows it changed are written back before the commit.
     pub fn apply<R>(&self, f: impl FnOnce(&mut StateTxn<'_>) -> Result<R, StoreError>) -> Result<R, StoreError> {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::None)?;
-        let out = f(&mut StateTxn::open(&txn))?;
+        let out = {
+            let mut tx = StateTxn::open(&txn);
+            let out = f(&mut tx)?;
+            tx.write_back()?;
+            out
+        };
         txn.commit()?;
         Ok(out)
     }
@@ -147,16 +188,15 @@ impl StateDb {
     /// A device's route and floor.
     pub fn route(&self, device: &str) -> Result<RouteAndFloor, StoreError> {
         let txn = self.db.begin_read()?;
-        let route = get(&txn.open_table(ROUTES)?, device)?;
-        let floor = get(&txn.open_table(FLOORS)?, device)?;
-        Ok((route, floor))
+        let row: Option<DeviceRow> = get(&txn.open_table(DEVICES)?, device)?;
+        Ok(row.unwrap_or_default().split())
     }
 
     /// [`StateDb::route`] of each device, in one read transaction.
     pub fn routes(&self, devices: &[String]) -> Result<Vec<RouteAndFloor>, StoreError> {
         let txn = self.db.begin_read()?;
-        let (routes, floors) = (txn.open_table(ROUTES)?, txn.open_table(FLOORS)?);
-        devices.iter().map(|d| Ok((get(&routes, d.as_str())?, get(&floors, d.as_str())?))).collect()
+        let table = txn.open_table(DEVICES)?;
+        devices.iter().map(|d| Ok(get::<_, DeviceRow>(&table, d.as_str())?.unwrap_or_default().split())).collect()
     }
 
     /// A tenant's row and its last `limit` ledger entries in (period, consumption id) order.
@@ -263,18 +303,32 @@ impl StateDb {
     /// transaction.
     pub fn install(&self, data: &[u8], applied: &[u8], order: u64, snapshot: &[u8]) -> Result<Loaded, StoreError> {
         let body: SnapshotBody = decode(data)?;
+        let (legacy_routes, legacy_floors) = (TableHandle::name(&LEGACY_ROUTES), TableHandle::name(&LEGACY_FLOORS));
         let mut tables: BTreeMap<&str, &Rows> = BTreeMap::new();
         for (name, rows) in &body.tables {
-            if !STATE_TABLES.iter().any(|t| t.name() == name) {
+            let legacy = name == legacy_routes || name == legacy_floors;
+            if !legacy && !STATE_TABLES.iter().any(|t| t.name() == name) {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?}, unknown to this build")));
             }
             if tables.insert(name, rows).is_some() {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?} twice")));
             }
         }
+        // A snapshot of layout 2 (sent by a node not yet upgraded) keeps routes and floors apart.
+        let none = Rows::new();
+        let merged;
+        if tables.contains_key(legacy_routes) || tables.contains_key(legacy_floors) {
+            let devices = TableHandle::name(&DEVICES);
+            if tables.contains_key(devices) {
+                let msg = format!("the snapshot carries table {devices:?} and the tables it replaced");
+                return Err(StoreError::Corrupt(msg));
+            }
+            let routes = tables.remove(legacy_routes).unwrap_or(&none);
+            merged = merge_legacy(routes, tables.remove(legacy_floors).unwrap_or(&none))?;
+            tables.insert(devices, &merged);
+        }
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
-        let none = Rows::new();
         for t in STATE_TABLES {
             t.replace(&txn, tables.get(t.name()).copied().unwrap_or(&none))?;
         }
@@ -304,6 +358,25 @@ impl StateDb {
     }
 }
 
+/// Layout 2 → 3 in the opening transaction: the route and floor tables merged into `devices`
+/// and deleted, and the new format recorded.
+fn migrate(txn: &WriteTransaction) -> Result<(), StoreError> {
+    fn rows(txn: &WriteTransaction, def: TableDefinition<&str, &[u8]>) -> Result<Rows, StoreError> {
+        let mut rows = Vec::new();
+        for row in txn.open_table(def)?.iter()? {
+            let (k, v) = row?;
+            rows.push((k.value().as_bytes().to_vec(), v.value().to_vec()));
+        }
+        Ok(rows)
+    }
+    let merged = merge_legacy(&rows(txn, LEGACY_ROUTES)?, &rows(txn, LEGACY_FLOORS)?)?;
+    RawTable::replace(&DEVICES, txn, &merged)?;
+    txn.delete_table(LEGACY_ROUTES)?;
+    txn.delete_table(LEGACY_FLOORS)?;
+    txn.open_table(META)?.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
+    Ok(())
+}
+
 fn put_snapshot(txn: &WriteTransaction, order: u64, snapshot: &[u8], replace: bool) -> Result<(), StoreError> {
     let mut t = txn.open_table(SNAPSHOT)?;
     let stored: Option<(u64, Vec<u8>)> = get(&t, CURRENT_SNAPSHOT)?;
@@ -313,7 +386,7 @@ fn put_snapshot(txn: &WriteTransaction, order: u64, snapshot: &[u8], replace: bo
     Ok(())
 }
 
-fn get<'a, K, T>(
+pub(super) fn get<'a, K, T>(
     table: &impl ReadableTable<K, &'static [u8]>,
     key: impl std::borrow::Borrow<K::SelfType<'a>>,
 ) -> Result<Option<T>, StoreError>
@@ -326,251 +399,3 @@ where
 
 /// Ledger entries as read: (period, consumption id, entry), oldest first.
 pub type LedgerRows = Vec<(u64, String, Entry)>;
-
-/// One table of an apply transaction, opened on first use: an entry touches a few of the
-/// registry's tables, and each open one costs a lookup on open and another on commit.
-struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
-    def: TableDefinition<'static, K, V>,
-    table: OnceCell<Table<'t, K, V>>,
-}
-
-impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
-    fn new(def: TableDefinition<'static, K, V>) -> Self {
-        Lazy { def, table: OnceCell::new() }
-    }
-
-    fn get(&self, txn: &'t WriteTransaction) -> Result<&Table<'t, K, V>, StoreError> {
-        if self.table.get().is_none() {
-            // Never set meanwhile: `set` cannot fail here.
-            let _ = self.table.set(txn.open_table(self.def)?);
-        }
-        Ok(self.table.get().expect("opened above"))
-    }
-
-    fn get_mut(&mut self, txn: &'t WriteTransaction) -> Result<&mut Table<'t, K, V>, StoreError> {
-        self.get(txn)?;
-        Ok(self.table.get_mut().expect("opened above"))
-    }
-}
-
-/// The tables of one apply transaction, each opened once (when first used); the rules run over
-/// them as [`Tables`].
-pub struct StateTxn<'t> {
-    txn: &'t WriteTransaction,
-    routes: Lazy<'t, &'static str, &'static [u8]>,
-    floors: Lazy<'t, &'static str, &'static [u8]>,
-    node_routes: Lazy<'t, (u64, &'static str), ()>,
-    nodes: Lazy<'t, u64, &'static [u8]>,
-    meta: Lazy<'t, &'static str, &'static [u8]>,
-    streams: Lazy<'t, (&'static str, u64), &'static [u8]>,
-    heads: Lazy<'t, &'static str, &'static [u8]>,
-    idem: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
-    key_order: Lazy<'t, (&'static str, u64, u64), &'static str>,
-    device_tenants: Lazy<'t, &'static str, &'static str>,
-    tenants: Lazy<'t, &'static str, &'static [u8]>,
-    ledger: Lazy<'t, (&'static str, u64, &'static str), &'static [u8]>,
-    cluster_events: Lazy<'t, u64, &'static [u8]>,
-}
-
-impl<'t> StateTxn<'t> {
-    fn open(txn: &'t WriteTransaction) -> Self {
-        StateTxn {
-            txn,
-            routes: Lazy::new(ROUTES),
-            floors: Lazy::new(FLOORS),
-            node_routes: Lazy::new(NODE_ROUTES),
-            nodes: Lazy::new(NODES),
-            meta: Lazy::new(META),
-            streams: Lazy::new(STREAMS),
-            heads: Lazy::new(HEADS),
-            idem: Lazy::new(IDEMPOTENCY),
-            key_order: Lazy::new(KEY_ORDER),
-            device_tenants: Lazy::new(DEVICE_TENANTS),
-            tenants: Lazy::new(TENANTS),
-            ledger: Lazy::new(LEDGER),
-            cluster_events: Lazy::new(CLUSTER_EVENTS),
-        }
-    }
-
-    /// Persists what the applies changed in memory (`before` → `after`: lease rows, cluster id,
-    /// ring version) and the adapter's applied meta, in this transaction.
-    pub fn save(&mut self, before: &State, after: &State, applied: &[u8]) -> Result<(), StoreError> {
-        // Every field named, so that a new one cannot be forgotten here (or in `load`). The
-        // membership is persisted by the adapter, in `applied`.
-        let State {
-            cluster_id,
-            ring_version,
-            clock_ms,
-            extended_term,
-            admission,
-            members: _,
-            voters: _,
-            nodes,
-            event_seq,
-            scale_in,
-            capacity,
-            max_connections,
-        } = after;
-        for (id, lease) in nodes {
-            if before.nodes.get(id) != Some(lease) {
-                self.nodes.get_mut(self.txn)?.insert(*id, encode(lease)?.as_slice())?;
-            }
-        }
-        for id in before.nodes.keys().filter(|id| !nodes.contains_key(id)) {
-            self.nodes.get_mut(self.txn)?.remove(*id)?;
-        }
-        // Only what changed: most entries change none of these, and each write is a B-tree
-        // insert in every apply on every node.
-        let meta = self.meta.get_mut(self.txn)?;
-        if *ring_version != before.ring_version {
-            meta.insert(RING_VERSION, encode(ring_version)?.as_slice())?;
-        }
-        if *cluster_id != before.cluster_id {
-            meta.insert(CLUSTER_ID, encode(cluster_id)?.as_slice())?;
-        }
-        if *clock_ms != before.clock_ms {
-            meta.insert(CLOCK_MS, encode(clock_ms)?.as_slice())?;
-        }
-        if *extended_term != before.extended_term {
-            meta.insert(EXTENDED_TERM, encode(extended_term)?.as_slice())?;
-        }
-        if *admission != before.admission {
-            meta.insert(ADMISSION, encode(admission)?.as_slice())?;
-        }
-        if before.event_seq != *event_seq {
-            meta.insert(EVENT_SEQ, encode(event_seq)?.as_slice())?;
-        }
-        if before.scale_in != *scale_in {
-            meta.insert(SCALE_IN, encode(scale_in)?.as_slice())?;
-        }
-        if before.capacity != *capacity {
-            meta.insert(CAPACITY, encode(capacity)?.as_slice())?;
-        }
-        if before.max_connections != *max_connections {
-            meta.insert(MAX_CONNECTIONS, encode(max_connections)?.as_slice())?;
-        }
-        meta.insert(APPLIED, applied)?;
-        Ok(())
-    }
-}
-
-impl Tables for StateTxn<'_> {
-    type Error = StoreError;
-
-    fn route(&self, device: &str) -> Result<Option<Route>, StoreError> {
-        get(self.routes.get(self.txn)?, device)
-    }
-    fn put_route(&mut self, device: &str, route: &Route, replaces: Option<NodeId>) -> Result<(), StoreError> {
-        self.routes.get_mut(self.txn)?.insert(device, encode(route)?.as_slice())?;
-        // A device that reconnects to the same node keeps its index entry.
-        if replaces != Some(route.node) {
-            let index = self.node_routes.get_mut(self.txn)?;
-            if let Some(old) = replaces {
-                index.remove((old, device))?;
-            }
-            index.insert((route.node, device), ())?;
-        }
-        Ok(())
-    }
-    fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), StoreError> {
-        self.routes.get_mut(self.txn)?.remove(device)?;
-        self.node_routes.get_mut(self.txn)?.remove((node, device))?;
-        Ok(())
-    }
-    fn node_devices(&self, node: NodeId) -> Result<Vec<String>, StoreError> {
-        let mut devices = Vec::new();
-        for row in self.node_routes.get(self.txn)?.range((node, "")..)? {
-            let (k, _) = row?;
-            let (n, device) = k.value();
-            if n != node {
-                break;
-            }
-            devices.push(device.to_string());
-        }
-        Ok(devices)
-    }
-    fn floor(&self, device: &str) -> Result<Option<Floor>, StoreError> {
-        get(self.floors.get(self.txn)?, device)
-    }
-    fn put_floor(&mut self, device: &str, floor: &Floor) -> Result<(), StoreError> {
-        self.floors.get_mut(self.txn)?.insert(device, encode(floor)?.as_slice())?;
-        Ok(())
-    }
-    fn head(&self, device: &str) -> Result<Option<Head>, StoreError> {
-        get(self.heads.get(self.txn)?, device)
-    }
-    fn put_head(&mut self, device: &str, head: &Head) -> Result<(), StoreError> {
-        self.heads.get_mut(self.txn)?.insert(device, encode(head)?.as_slice())?;
-        Ok(())
-    }
-    fn message(&self, device: &str, seq: u64) -> Result<Option<Message>, StoreError> {
-        get(self.streams.get(self.txn)?, (device, seq))
-    }
-    fn put_message(&mut self, device: &str, seq: u64, msg: &Message) -> Result<(), StoreError> {
-        self.streams.get_mut(self.txn)?.insert((device, seq), encode(msg)?.as_slice())?;
-        Ok(())
-    }
-    fn remove_message(&mut self, device: &str, seq: u64) -> Result<(), StoreError> {
-        self.streams.get_mut(self.txn)?.remove((device, seq))?;
-        Ok(())
-    }
-    fn idempotent(&self, device: &str, key: &str) -> Result<Option<KeyUse>, StoreError> {
-        get(self.idem.get(self.txn)?, (device, key))
-    }
-    fn put_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
-        self.idem.get_mut(self.txn)?.insert((device, key), encode(&used)?.as_slice())?;
-        self.key_order.get_mut(self.txn)?.insert((device, used.at_ms, used.seq), key)?;
-        Ok(())
-    }
-    fn remove_idempotent(&mut self, device: &str, key: &str, used: KeyUse) -> Result<(), StoreError> {
-        self.idem.get_mut(self.txn)?.remove((device, key))?;
-        self.key_order.get_mut(self.txn)?.remove((device, used.at_ms, used.seq))?;
-        Ok(())
-    }
-    fn oldest_key(&self, device: &str) -> Result<Option<(String, KeyUse)>, StoreError> {
-        let mut rows = self.key_order.get(self.txn)?.range((device, 0, 0)..=(device, u64::MAX, u64::MAX))?;
-        let Some(row) = rows.next() else { return Ok(None) };
-        let (k, v) = row?;
-        let (_, at_ms, seq) = k.value();
-        Ok(Some((v.value().to_string(), KeyUse { seq, at_ms })))
-    }
-    fn device_tenant(&self, device: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.device_tenants.get(self.txn)?.get(device)?.map(|v| v.value().to_string()))
-    }
-    fn put_device_tenant(&mut self, device: &str, tenant: &str) -> Result<(), StoreError> {
-        self.device_tenants.get_mut(self.txn)?.insert(device, tenant)?;
-        Ok(())
-    }
-    fn remove_device_tenant(&mut self, device: &str) -> Result<(), StoreError> {
-        self.device_tenants.get_mut(self.txn)?.remove(device)?;
-        Ok(())
-    }
-    fn tenant(&self, tenant: &str) -> Result<Option<TenantRow>, StoreError> {
-        get(self.tenants.get(self.txn)?, tenant)
-    }
-    fn put_tenant(&mut self, tenant: &str, row: &TenantRow) -> Result<(), StoreError> {
-        self.tenants.get_mut(self.txn)?.insert(tenant, encode(row)?.as_slice())?;
-        Ok(())
-    }
-    fn ledger(&self, tenant: &str, period: u64, id: &str) -> Result<Option<Entry>, StoreError> {
-        get(self.ledger.get(self.txn)?, (tenant, period, id))
-    }
-    fn put_ledger(&mut self, tenant: &str, period: u64, id: &str, entry: &Entry) -> Result<(), StoreError> {
-        self.ledger.get_mut(self.txn)?.insert((tenant, period, id), encode(entry)?.as_slice())?;
-        Ok(())
-    }
-    fn prune_ledger(&mut self, tenant: &str, keep_from: u64) -> Result<(), StoreError> {
-        if keep_from > 0 {
-            self.ledger.get_mut(self.txn)?.retain_in((tenant, 0, "")..(tenant, keep_from, ""), |_, _| false)?;
-        }
-        Ok(())
-    }
-    fn put_cluster_event(&mut self, seq: u64, event: &ClusterEvent) -> Result<(), StoreError> {
-        self.cluster_events.get_mut(self.txn)?.insert(seq, encode(event)?.as_slice())?;
-        Ok(())
-    }
-    fn remove_cluster_event(&mut self, seq: u64) -> Result<(), StoreError> {
-        self.cluster_events.get_mut(self.txn)?.remove(seq)?;
-        Ok(())
-    }
-}

@@ -7,10 +7,10 @@ use redb::{ReadableDatabase, ReadableTable, TableHandle};
 use tempfile::TempDir;
 
 use super::schema::{
-    Rows, CLUSTER_EVENTS, DEVICE_TENANTS, FLOORS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, NODE_ROUTES, ROUTES, SNAPSHOT,
-    STATE_TABLES, STREAMS, TENANTS,
+    Rows, CLUSTER_EVENTS, DEVICES, DEVICE_TENANTS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES,
+    META, NODE_ROUTES, SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
 };
-use super::state::{Loaded, StateDb};
+use super::state::{DeviceRow, Loaded, StateDb};
 use crate::codec::{decode, encode};
 use crate::machine::tables::mem::MemTables;
 use crate::machine::testkit::{self, Backend, Sm};
@@ -67,18 +67,21 @@ impl Backend for RedbBackend {
     fn dump(&self) -> MemTables {
         let txn = self.db.db.begin_read().unwrap();
         let mut t = MemTables::default();
-        for row in txn.open_table(ROUTES).unwrap().iter().unwrap() {
+        for row in txn.open_table(DEVICES).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
-            t.routes.insert(k.value().to_string(), decode(v.value()).unwrap());
+            let DeviceRow { route, floor } = decode(v.value()).unwrap();
+            assert!(route.is_some() || floor.is_some(), "an empty device row is left behind");
+            if let Some(r) = route {
+                t.routes.insert(k.value().to_string(), r);
+            }
+            if let Some(f) = floor {
+                t.floors.insert(k.value().to_string(), f);
+            }
         }
         for row in txn.open_table(NODE_ROUTES).unwrap().iter().unwrap() {
             let (k, _) = row.unwrap();
             let (node, device) = k.value();
             t.node_routes.insert((node, device.to_string()));
-        }
-        for row in txn.open_table(FLOORS).unwrap().iter().unwrap() {
-            let (k, v) = row.unwrap();
-            t.floors.insert(k.value().to_string(), decode(v.value()).unwrap());
         }
         for row in txn.open_table(HEADS).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
@@ -198,7 +201,6 @@ fn every_table_is_registered_and_survives_a_snapshot() {
 /// A file in another layout is refused with an error that says what to do, never misread.
 #[test]
 fn a_state_file_of_another_layout_is_refused() {
-    use super::schema::META;
     let write_meta = |key: &str, value: &[u8]| {
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("state.redb")).unwrap();
@@ -239,8 +241,100 @@ fn install_refuses_a_snapshot_with_an_unknown_or_repeated_table() {
     };
     let err = install(("from_a_newer_build".into(), vec![(b"k".to_vec(), b"v".to_vec())]));
     assert!(err.contains("from_a_newer_build"), "{err}");
+    let err = install(("devices".into(), Vec::new()));
+    assert!(err.contains("\"devices\" twice"), "{err}");
+    // Layout 2's route table beside layout 3's device rows: neither is taken.
     let err = install(("routes".into(), Vec::new()));
-    assert!(err.contains("\"routes\" twice"), "{err}");
+    assert!(err.contains("\"devices\" and the tables it replaced"), "{err}");
+}
+
+/// `populated()`'s device rows as layout 2 kept them: (routes, floors), redb key bytes and codec
+/// values.
+fn legacy_rows(sm: &Sm<RedbBackend>) -> (Rows, Rows) {
+    let (mut routes, mut floors) = (Rows::new(), Rows::new());
+    for (k, v) in &rows(&sm.b.db)["devices"] {
+        let row: DeviceRow = decode(v).unwrap();
+        if let Some(r) = row.route {
+            routes.push((k.clone(), encode(&r).unwrap()));
+        }
+        if let Some(f) = row.floor {
+            floors.push((k.clone(), encode(&f).unwrap()));
+        }
+    }
+    (routes, floors)
+}
+
+/// A node not yet upgraded sends a snapshot of layout 2 (routes and floors in tables of their
+/// own): it installs as the same state, and the cluster goes on from it.
+#[test]
+fn install_reads_a_snapshot_of_layout_2() {
+    #[derive(serde::Serialize)]
+    struct Body {
+        tables: Vec<(String, Rows)>,
+    }
+    let mut sm = populated();
+    let (routes, floors) = legacy_rows(&sm);
+    assert!(!routes.is_empty() && !floors.is_empty());
+    // A device that released its route keeps only its floor.
+    sm.entry(vec![machine::Release { device: "d1".into(), conn: 7 }.into()]);
+    let (routes, floors) = legacy_rows(&sm);
+    assert_eq!((routes.len(), floors.len()), (1, 2), "d2 holds a route, d1 only its floor");
+    let mut tables: Vec<(String, Rows)> = rows(&sm.b.db).into_iter().filter(|(n, _)| n != "devices").collect();
+    tables.push(("routes".into(), routes));
+    tables.push(("route_floor".into(), floors));
+    let dump = sm.b.db.dump().unwrap();
+    let applied = dump.applied.unwrap();
+    let mut copy = Sm::<RedbBackend>::empty();
+    let state = restore(copy.b.db.install(&encode(&Body { tables }).unwrap(), &applied, 9, b"snapshot").unwrap());
+    (copy.index, copy.term) = (sm.index, sm.term);
+    assert_eq!(rows(&copy.b.db), rows(&sm.b.db));
+    assert_eq!(state, sm.state);
+    assert_eq!(copy.b.route("d1"), sm.b.route("d1"));
+    assert_eq!(copy.b.route("d2").0.map(|r| r.conn), Some(8));
+    // Claims go on over the installed rows: d1's floor still fences an old attempt.
+    copy.state = state;
+    let replies = copy.entry(vec![testkit::claim("d1", 1, 9, 0, 1), testkit::claim("d1", 1, 9, 0, 2)]);
+    assert!(matches!(replies[0], Reply::Claim(machine::ClaimReply::Stale { .. })), "{replies:?}");
+    assert!(matches!(replies[1], Reply::Claim(machine::ClaimReply::Accepted { version: 2, .. })), "{replies:?}");
+}
+
+/// A state file of layout 2 is migrated in place when the node starts: every device keeps its
+/// route and floor, the old tables are gone, and it opens again as layout 3.
+#[test]
+fn a_state_file_of_layout_2_is_migrated() {
+    let sm = populated();
+    let (routes, floors) = legacy_rows(&sm);
+    let expected: Vec<_> = ["d1", "d2", "never"].iter().map(|d| sm.b.route(d)).collect();
+    assert!(expected[0].0.is_some() && expected[2] == (None, None));
+    // The same state in layout 2: the device rows split into the old tables, format 2.
+    let (dir, db) = {
+        let RedbBackend { dir, db } = sm.b;
+        (dir, db)
+    };
+    {
+        let txn = db.db.begin_write().unwrap();
+        txn.delete_table(DEVICES).unwrap();
+        for (def, rows) in [(LEGACY_ROUTES, &routes), (LEGACY_FLOORS, &floors)] {
+            let mut t = txn.open_table(def).unwrap();
+            for (k, v) in rows {
+                t.insert(std::str::from_utf8(k).unwrap(), v.as_slice()).unwrap();
+            }
+        }
+        txn.open_table(META).unwrap().insert("format", encode(&2u32).unwrap().as_slice()).unwrap();
+        txn.commit().unwrap();
+    }
+    drop(db);
+    for _ in 0..2 {
+        let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+        assert_eq!(restore(loaded), sm.state);
+        let got: Vec<_> = ["d1", "d2", "never"].iter().map(|d| db.route(d).unwrap()).collect();
+        assert_eq!(got, expected);
+        let txn = db.db.begin_read().unwrap();
+        let names: BTreeSet<String> = txn.list_tables().unwrap().map(|t| t.name().to_string()).collect();
+        assert!(!names.contains("routes") && !names.contains("route_floor"), "{names:?}");
+        let format: u32 = decode(txn.open_table(META).unwrap().get("format").unwrap().unwrap().value()).unwrap();
+        assert_eq!(format, super::state::STATE_FORMAT);
+    }
 }
 
 #[test]

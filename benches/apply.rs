@@ -1,0 +1,192 @@
+//! The state apply's own cost: `cargo bench --bench apply`. No cluster and no fsync: the
+//! replicated state machine's rules (`machine::apply`) over a real `state.redb`
+//! (`store::state::StateDb::apply`, as every node runs it for every committed entry), on a file
+//! in `/dev/shm` when there is one, holding `APPLY_BENCH_HELD` devices (default 20,000) first.
+//!
+//! Workloads, each at 1 command per transaction (one claim per entry: a lone client) and at
+//! `APPLY_BENCH_BATCH` (default 73: what the claims bench folds per entry at 256 clients):
+//! `fresh` claims of new devices, `reclaim` of held devices by another node (the route moves,
+//! the per-node index entry too), `release` of held routes. The reference, side by side: one
+//! bare redb insert of a 64-byte value per command, keyed by device, in transactions of the same
+//! size and durability: the least any layout that writes a row per command could cost.
+//!
+//! Prints microseconds per command and the ratio to the reference (the median of
+//! `APPLY_BENCH_ROUNDS`, default 3, alternating rounds). Wall time on a shared machine moves;
+//! for instruction counts run one workload under callgrind and toggle on [`timed`]:
+//! `APPLY_BENCH_ONLY=fresh:73 valgrind --tool=callgrind --collect-atstart=no
+//! --toggle-collect='apply::timed' target/release/deps/apply-<hash> --bench` (the reference runs
+//! in `timed_reference`, outside the toggle).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use gateway::machine::{self, Claim, Command, ExtendLeases, Input, Member, Release, Renew, State};
+use gateway::store::state::StateDb;
+use redb::{Database, Durability, TableDefinition};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn device(n: usize) -> String {
+    // Spread over the key space like independent devices (not in insert order).
+    format!("bench-{}-{}", n % 256, (n as u64).wrapping_mul(2_654_435_761) % 1_000_003)
+}
+
+fn dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.expect("a temp dir")
+}
+
+/// A state machine over a fresh `state.redb`: nodes 1–3 members with live leases, `held`
+/// devices claimed on node 1.
+struct Machine {
+    _dir: tempfile::TempDir,
+    db: StateDb,
+    state: State,
+    index: u64,
+}
+
+impl Machine {
+    fn new(held: usize) -> Machine {
+        let dir = dir();
+        let (db, _) = StateDb::open(dir.path(), 64 << 20).expect("state.redb opens");
+        let mut m = Machine { _dir: dir, db, state: State::default(), index: 0 };
+        let members: BTreeMap<u64, Member> = [1, 2, 3]
+            .iter()
+            .map(|&id| {
+                (id, Member { name: format!("n{id}"), cluster_addr: format!("127.0.0.1:{id}"), ..Default::default() })
+            })
+            .collect();
+        m.entry(Input::Membership { members, voters: [1, 2, 3].into_iter().collect::<BTreeSet<_>>() });
+        m.entry(Input::Commands { term: 2, cmds: vec![ExtendLeases { at_ms: 0, lease_ms: 0 }.into()] });
+        let renew =
+            |node| Renew { node, at_ms: 0, lease_ms: 1 << 40, connections: 0, draining: false, incarnation: 0 }.into();
+        m.entry(Input::Commands { term: 2, cmds: vec![renew(1), renew(2)] });
+        let all: Vec<usize> = (0..held).collect();
+        for chunk in all.chunks(100) {
+            m.entry(Input::Commands { term: 2, cmds: chunk.iter().map(|&n| claim(n, 1, 1)).collect() });
+        }
+        m
+    }
+
+    fn entry(&mut self, input: Input) {
+        self.index += 1;
+        let (index, state) = (self.index, &mut self.state);
+        self.db
+            .apply(|tx| {
+                let before = state.clone();
+                let mut events = Vec::new();
+                machine::apply(state, tx, index, input, &mut events)?;
+                tx.save(&before, state, b"applied")
+            })
+            .expect("apply");
+    }
+}
+
+fn claim(n: usize, attempt: u64, node: u64) -> Command {
+    Claim { device: device(n), node, conn: n as u64, epoch: 0, attempt }.into()
+}
+
+/// The entries of one workload: `txns` of `per` commands each.
+fn workload(kind: &str, per: usize, txns: usize, held: usize) -> Vec<Vec<Command>> {
+    (0..txns)
+        .map(|t| {
+            (0..per)
+                .map(|i| {
+                    let n = t * per + i;
+                    match kind {
+                        "fresh" => claim(held + n, 1, 1),
+                        "reclaim" => claim(n % held, 2 + (n / held) as u64, 2),
+                        _ => Release { device: device(n % held), conn: (n % held) as u64 }.into(),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Applies `entries`; the seconds it took.
+#[inline(never)]
+fn timed(m: &mut Machine, entries: Vec<Vec<Command>>) -> f64 {
+    let t = Instant::now();
+    for cmds in entries {
+        m.entry(Input::Commands { term: 2, cmds });
+    }
+    t.elapsed().as_secs_f64()
+}
+
+const BARE: TableDefinition<&str, &[u8]> = TableDefinition::new("bare");
+
+/// The reference: `txns` transactions of `per` bare inserts (fresh keys); the seconds it took.
+#[inline(never)]
+fn timed_reference(per: usize, txns: usize, held: usize) -> f64 {
+    let dir = dir();
+    let db = Database::builder().set_cache_size(64 << 20).create(dir.path().join("bare.redb")).expect("bare.redb");
+    let value = [7u8; 64];
+    let insert = |from: usize, count: usize| {
+        let mut txn = db.begin_write().expect("begin");
+        txn.set_durability(Durability::None).expect("durability");
+        {
+            let mut t = txn.open_table(BARE).expect("table");
+            for n in from..from + count {
+                t.insert(device(n).as_str(), value.as_slice()).expect("insert");
+            }
+        }
+        txn.commit().expect("commit");
+    };
+    for from in (0..held).step_by(100) {
+        insert(from, 100.min(held - from));
+    }
+    let t = Instant::now();
+    for i in 0..txns {
+        insert(held + i * per, per);
+    }
+    t.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let held = env("APPLY_BENCH_HELD", 20_000).max(1);
+    let batch = env("APPLY_BENCH_BATCH", 73).max(1);
+    let rounds = env("APPLY_BENCH_ROUNDS", 3).max(1);
+    let only = std::env::var("APPLY_BENCH_ONLY").ok();
+    // About 15,000 commands a run (3,000 single-command transactions), whatever the batch, and
+    // never more than the devices held: each reclaim and release then finds a route of its own.
+    let sizes = [(1, 3_000.min(held)), (batch, (15_000.min(held) / batch).max(1))];
+    println!("state apply, {held} devices held, median of {rounds} alternating rounds");
+    println!("workload | cmds/txn |  us/cmd | bare insert us/cmd | ratio");
+    let mut json = Vec::new();
+    for kind in ["fresh", "reclaim", "release"] {
+        for (per, txns) in sizes {
+            if only.as_deref().is_some_and(|o| o != format!("{kind}:{per}")) {
+                continue;
+            }
+            let cmds = (per * txns) as f64;
+            let (mut us, mut bare) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let mut m = Machine::new(held);
+                us.push(timed(&mut m, workload(kind, per, txns, held)) * 1e6 / cmds);
+                if only.is_none() {
+                    bare.push(timed_reference(per, txns, held) * 1e6 / cmds);
+                }
+            }
+            let (us, bare) = (median(us), if bare.is_empty() { f64::NAN } else { median(bare) });
+            let (bare_s, ratio) = if bare.is_nan() {
+                ("-".into(), "-".into())
+            } else {
+                (format!("{bare:.2}"), format!("{:.2}x", us / bare))
+            };
+            println!("{kind:>8} | {per:>8} | {us:>7.2} | {bare_s:>18} | {ratio:>6}");
+            json.push(serde_json::json!({"workload": kind, "cmds_per_txn": per, "us_per_cmd": us, "bare_insert_us_per_cmd": bare}));
+        }
+    }
+    println!("{}", serde_json::json!({"bench": "apply", "held": held, "rounds": rounds, "runs": json}));
+}
