@@ -115,15 +115,13 @@ impl<'t> StateTxn<'t> {
 
     /// Writes the changed device rows (a row with neither a route nor a floor is deleted).
     pub(super) fn write_back(&mut self) -> Result<(), StoreError> {
-        let rows = std::mem::take(self.rows.get_mut());
-        if rows.values().any(|c| c.dirty) {
+        // Every cached row was read through the table, so it is open whenever a row is dirty.
+        for (device, c) in std::mem::take(self.rows.get_mut()).into_iter().filter(|(_, c)| c.dirty) {
             let table = self.devices.get_mut(self.txn)?;
-            for (device, c) in rows.iter().filter(|(_, c)| c.dirty) {
-                if c.row == DeviceRow::default() {
-                    table.remove(device.as_str())?;
-                } else {
-                    table.insert(device.as_str(), encode(&c.row)?.as_slice())?;
-                }
+            if c.row == DeviceRow::default() {
+                table.remove(device.as_str())?;
+            } else {
+                table.insert(device.as_str(), encode(&c.row)?.as_slice())?;
             }
         }
         Ok(())
