@@ -3,6 +3,7 @@
 //! per database. Knows the domain's value types, not openraft; callers run every function here on
 //! the blocking pool.
 
+mod index;
 pub mod log;
 mod schema;
 pub mod state;

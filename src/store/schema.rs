@@ -15,9 +15,12 @@ pub(super) const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("d
 /// install a snapshot of that layout, never written.
 pub(super) const LEGACY_ROUTES: TableDefinition<&str, &[u8]> = TableDefinition::new("routes");
 pub(super) const LEGACY_FLOORS: TableDefinition<&str, &[u8]> = TableDefinition::new("route_floor");
-/// (node, device) for every route, so a sweep deletes a node's routes without a full scan.
+/// (node, device) for every route: layout 3's per-node route index. Kept in memory since layout 4
+/// (`store::index`): never stored, only written into snapshots (so that a layout-3 node installs
+/// them) and skipped when one is installed.
 pub(super) const NODE_ROUTES: TableDefinition<(u64, &str), ()> = TableDefinition::new("node_routes");
-/// node → lease (codec).
+/// node → lease (codec). The lease's route count is not kept up to date here: it is counted from
+/// the route index when the state loads.
 pub(super) const NODES: TableDefinition<u64, &[u8]> = TableDefinition::new("nodes");
 /// Cluster id, ring version and the Raft adapter's applied meta (codec).
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -43,9 +46,8 @@ pub(super) const CLUSTER_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
-pub(super) static STATE_TABLES: [&dyn RawTable; 12] = [
+pub(super) static STATE_TABLES: [&dyn RawTable; 11] = [
     &DEVICES,
-    &NODE_ROUTES,
     &NODES,
     &META,
     &STREAMS,
@@ -69,6 +71,8 @@ pub(super) trait RawTable: Sync {
     /// Creates the table if it does not exist.
     fn create(&self, txn: &WriteTransaction) -> Result<(), StoreError>;
     fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError>;
+    /// [`RawTable::rows`] read in a write transaction (creating the table if it is missing).
+    fn rows_in(&self, txn: &WriteTransaction) -> Result<Rows, StoreError>;
     /// Replaces every row with `rows`.
     fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError>;
 }
@@ -84,13 +88,11 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefin
     }
 
     fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError> {
-        let table = txn.open_table(*self)?;
-        let mut rows = Vec::new();
-        for row in table.iter()? {
-            let (k, v) = row?;
-            rows.push((K::as_bytes(&k.value()).as_ref().to_vec(), V::as_bytes(&v.value()).as_ref().to_vec()));
-        }
-        Ok(rows)
+        raw_rows(&txn.open_table(*self)?)
+    }
+
+    fn rows_in(&self, txn: &WriteTransaction) -> Result<Rows, StoreError> {
+        raw_rows(&txn.open_table(*self)?)
     }
 
     fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError> {
@@ -101,4 +103,13 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefin
         }
         Ok(())
     }
+}
+
+fn raw_rows<K: Key + 'static, V: Value + 'static>(table: &impl ReadableTable<K, V>) -> Result<Rows, StoreError> {
+    let mut rows = Vec::new();
+    for row in table.iter()? {
+        let (k, v) = row?;
+        rows.push((K::as_bytes(&k.value()).as_ref().to_vec(), V::as_bytes(&v.value()).as_ref().to_vec()));
+    }
+    Ok(rows)
 }

@@ -6,31 +6,34 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
-    WriteTransaction,
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 
+use super::index::RouteIndex;
 use super::schema::{
-    RawTable, Rows, CLUSTER_EVENTS, DEVICES, HEADS, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES, META, NODES, SNAPSHOT,
-    STATE_TABLES, STREAMS, TENANTS,
+    RawTable, Rows, CLUSTER_EVENTS, DEVICES, HEADS, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES, META, NODES, NODE_ROUTES,
+    SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
 };
 pub use super::txn::StateTxn;
 use super::StoreError;
 use crate::codec::{decode, encode};
-use crate::machine::{ClusterEvent, Entry, Floor, Head, Message, Route, State, StreamRead, TenantRow};
+use crate::machine::{
+    ClusterEvent, Entry, Floor, Head, Message, NodeId, NodeLease, Route, State, StreamRead, TenantRow,
+};
 
 /// The layout of this file, written when it is created: a file of another layout is migrated
-/// (from 2) or refused with a clear error, never misread. 2: the table registry
+/// (from 2 or 3) or refused with a clear error, never misread. 2: the table registry
 /// (`store::schema`) and the adapter's applied meta under one key; 3: a device's route and floor
-/// in one row (`devices`).
+/// in one row (`devices`); 4: the per-node route index in memory (`store::index`), no longer a
+/// table, and a lease row's route count no longer kept up to date on disk.
 const FORMAT: &str = "format";
-pub const STATE_FORMAT: u32 = 3;
-/// The layout [`StateDb::open`] migrates in place (and whose snapshots [`StateDb::install`] reads).
-const MIGRATED_FORMAT: u32 = 2;
+pub const STATE_FORMAT: u32 = 4;
+/// The layouts [`StateDb::open`] migrates in place (snapshots of 2 and 3 install too).
+const MIGRATED_FORMATS: [u32; 2] = [2, 3];
 pub(super) const RING_VERSION: &str = "ring_version";
 pub(super) const CLUSTER_ID: &str = "cluster_id";
 pub(super) const CLOCK_MS: &str = "clock_ms";
@@ -98,6 +101,9 @@ pub(super) fn merge_legacy(routes: &Rows, floors: &Rows) -> Result<Rows, StoreEr
 #[derive(Clone)]
 pub struct StateDb {
     pub(super) db: Arc<Database>,
+    /// The per-node route index of the committed state: locked by an apply (applies run one at a
+    /// time) and replaced by an install.
+    pub(super) index: Arc<Mutex<RouteIndex>>,
 }
 
 impl StateDb {
@@ -116,13 +122,10 @@ impl StateDb {
             let format: Option<u32> = get(&meta, FORMAT)?;
             match format {
                 Some(STATE_FORMAT) => {}
-                Some(MIGRATED_FORMAT) => {
+                Some(from) if MIGRATED_FORMATS.contains(&from) => {
                     drop(meta);
-                    migrate(&txn)?;
-                    tracing::info!(
-                        path = %path.display(),
-                        "migrated the state file from layout {MIGRATED_FORMAT} to {STATE_FORMAT}"
-                    );
+                    migrate(&txn, from)?;
+                    tracing::info!(path = %path.display(), "migrated the state file from layout {from} to {STATE_FORMAT}");
                 }
                 None if meta.is_empty()? => {
                     meta.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
@@ -138,20 +141,31 @@ impl StateDb {
             }
         }
         txn.commit()?;
-        let db = StateDb { db: Arc::new(db) };
+        let db = StateDb { db: Arc::new(db), index: Arc::default() };
         let loaded = db.load()?;
         Ok((db, loaded))
     }
 
+    /// The index, whatever a panicked holder left: every holder replaces or changes it only
+    /// after its transaction committed.
+    fn index(&self) -> MutexGuard<'_, RouteIndex> {
+        self.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reads the state back and rebuilds the route index from the device rows (after an open or
+    /// an install): each lease's route count is the index's.
     fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read()?;
+        let index = RouteIndex::build(&txn.open_table(DEVICES)?)?;
         let meta = txn.open_table(META)?;
         let get = |k: &str| -> Result<Option<Vec<u8>>, StoreError> { Ok(meta.get(k)?.map(|v| v.value().to_vec())) };
         let mut nodes = BTreeMap::new();
         for row in txn.open_table(NODES)?.iter()? {
             let (k, v) = row?;
-            nodes.insert(k.value(), decode(v.value())?);
+            let lease = NodeLease { routes: index.count(k.value()), ..decode(v.value())? };
+            nodes.insert(k.value(), lease);
         }
+        *self.index() = index;
         let state = State {
             cluster_id: get(CLUSTER_ID)?.map(|b| decode(&b)).transpose()?.flatten(),
             ring_version: get(RING_VERSION)?.map(|b| decode(&b)).transpose()?.unwrap_or_default(),
@@ -173,15 +187,16 @@ impl StateDb {
     /// Runs one apply transaction (not fsynced); `f` applies through the [`StateTxn`] and ends
     /// with [`StateTxn::save`]. The device rows it changed are written back before the commit.
     pub fn apply<R>(&self, f: impl FnOnce(&mut StateTxn<'_>) -> Result<R, StoreError>) -> Result<R, StoreError> {
+        let mut index = self.index();
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::None)?;
-        let out = {
-            let mut tx = StateTxn::open(&txn);
+        let (out, moves) = {
+            let mut tx = StateTxn::open(&txn, &index);
             let out = f(&mut tx)?;
-            tx.write_back()?;
-            out
+            (out, tx.write_back()?)
         };
         txn.commit()?;
+        index.apply(moves);
         Ok(out)
     }
 
@@ -295,6 +310,19 @@ impl StateDb {
         for t in STATE_TABLES {
             body.tables.push((t.name().to_string(), t.rows(&txn)?));
         }
+        // What layout 3 stored (so that a node not yet upgraded installs this snapshot as it
+        // would its own): the route index as a table, and each lease row's route count.
+        let index = RouteIndex::build(&txn.open_table(DEVICES)?)?;
+        for (name, rows) in &mut body.tables {
+            if name == TableHandle::name(&NODES) {
+                for (k, v) in rows.iter_mut() {
+                    let node = <NodeId as redb::Value>::from_bytes(k);
+                    *v = encode(&NodeLease { routes: index.count(node), ..decode(v)? })?;
+                }
+            }
+        }
+        let pairs = index.pairs().map(|pair| (<(NodeId, &str) as redb::Value>::as_bytes(&pair), Vec::new()));
+        body.tables.push((TableHandle::name(&NODE_ROUTES).to_string(), pairs.collect()));
         Ok(Dump { applied, data: encode(&body)? })
     }
 
@@ -304,16 +332,22 @@ impl StateDb {
     pub fn install(&self, data: &[u8], applied: &[u8], order: u64, snapshot: &[u8]) -> Result<Loaded, StoreError> {
         let body: SnapshotBody = decode(data)?;
         let (legacy_routes, legacy_floors) = (TableHandle::name(&LEGACY_ROUTES), TableHandle::name(&LEGACY_FLOORS));
+        let node_routes = TableHandle::name(&NODE_ROUTES);
         let mut tables: BTreeMap<&str, &Rows> = BTreeMap::new();
         for (name, rows) in &body.tables {
-            let legacy = name == legacy_routes || name == legacy_floors;
-            if !legacy && !STATE_TABLES.iter().any(|t| t.name() == name) {
+            let known = [legacy_routes, legacy_floors, node_routes].contains(&name.as_str());
+            if !known && !STATE_TABLES.iter().any(|t| t.name() == name) {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?}, unknown to this build")));
             }
             if tables.insert(name, rows).is_some() {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?} twice")));
             }
         }
+        // The route index is rebuilt from the device rows (`load`); so are the route counts.
+        tables.remove(node_routes);
+        let leases = TableHandle::name(&NODES);
+        let stored_leases = stored_leases(tables.get(leases).copied().unwrap_or(&Rows::new()))?;
+        tables.insert(leases, &stored_leases);
         // A snapshot of layout 2 (sent by a node not yet upgraded) keeps routes and floors apart.
         let none = Rows::new();
         let merged;
@@ -358,23 +392,33 @@ impl StateDb {
     }
 }
 
-/// Layout 2 → 3 in the opening transaction: the route and floor tables merged into `devices`
-/// and deleted, and the new format recorded.
-fn migrate(txn: &WriteTransaction) -> Result<(), StoreError> {
-    fn rows(txn: &WriteTransaction, def: TableDefinition<&str, &[u8]>) -> Result<Rows, StoreError> {
-        let mut rows = Vec::new();
-        for row in txn.open_table(def)?.iter()? {
-            let (k, v) = row?;
-            rows.push((k.value().as_bytes().to_vec(), v.value().to_vec()));
-        }
-        Ok(rows)
+/// Layout 2 or 3 → 4 in the opening transaction: (from 2) the route and floor tables merged
+/// into `devices` and deleted, the per-node route table deleted (`load` builds the index), and
+/// the new format recorded.
+fn migrate(txn: &WriteTransaction, from: u32) -> Result<(), StoreError> {
+    if from == 2 {
+        let merged = merge_legacy(&LEGACY_ROUTES.rows_in(txn)?, &LEGACY_FLOORS.rows_in(txn)?)?;
+        RawTable::replace(&DEVICES, txn, &merged)?;
+        txn.delete_table(LEGACY_ROUTES)?;
+        txn.delete_table(LEGACY_FLOORS)?;
     }
-    let merged = merge_legacy(&rows(txn, LEGACY_ROUTES)?, &rows(txn, LEGACY_FLOORS)?)?;
-    RawTable::replace(&DEVICES, txn, &merged)?;
-    txn.delete_table(LEGACY_ROUTES)?;
-    txn.delete_table(LEGACY_FLOORS)?;
+    txn.delete_table(NODE_ROUTES)?;
+    let leases = stored_leases(&RawTable::rows_in(&NODES, txn)?)?;
+    RawTable::replace(&NODES, txn, &leases)?;
     txn.open_table(META)?.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
     Ok(())
+}
+
+/// Lease rows (redb key bytes, codec values) as layout 4 stores them: with a route count of 0,
+/// whatever it was (`load` counts the routes), so that every node's file holds the same bytes
+/// for the same applied log, however its applies were batched.
+fn stored_leases(rows: &Rows) -> Result<Rows, StoreError> {
+    rows.iter().map(|(k, v)| Ok((k.clone(), encode(&stored_lease(&decode(v)?))?))).collect()
+}
+
+/// A lease as layout 4 stores it (see [`stored_leases`]).
+pub(super) fn stored_lease(lease: &NodeLease) -> NodeLease {
+    NodeLease { routes: 0, ..lease.clone() }
 }
 
 fn put_snapshot(txn: &WriteTransaction, order: u64, snapshot: &[u8], replace: bool) -> Result<(), StoreError> {

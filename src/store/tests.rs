@@ -8,13 +8,13 @@ use tempfile::TempDir;
 
 use super::schema::{
     Rows, CLUSTER_EVENTS, DEVICES, DEVICE_TENANTS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES,
-    META, NODE_ROUTES, SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
+    META, NODES, NODE_ROUTES, SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
 };
 use super::state::{DeviceRow, Loaded, StateDb};
 use crate::codec::{decode, encode};
 use crate::machine::tables::mem::MemTables;
 use crate::machine::testkit::{self, Backend, Sm};
-use crate::machine::{self, Event, Floor, Input, Member, NodeId, Reply, Route, State, StreamRead};
+use crate::machine::{self, Event, Floor, Input, Member, NodeId, NodeLease, Reply, Route, State, StreamRead};
 
 /// `state.redb` in a temp dir (on tmpfs when there is one: fsyncs on create, close and snapshot
 /// dominate the runtime otherwise).
@@ -78,11 +78,8 @@ impl Backend for RedbBackend {
                 t.floors.insert(k.value().to_string(), f);
             }
         }
-        for row in txn.open_table(NODE_ROUTES).unwrap().iter().unwrap() {
-            let (k, _) = row.unwrap();
-            let (node, device) = k.value();
-            t.node_routes.insert((node, device.to_string()));
-        }
+        // The route index lives in memory (`store::index`), as of the last commit.
+        t.node_routes = self.db.index.lock().unwrap().pairs().map(|(n, d)| (n, d.to_string())).collect();
         for row in txn.open_table(HEADS).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
             t.heads.insert(k.value().to_string(), decode(v.value()).unwrap());
@@ -298,43 +295,113 @@ fn install_reads_a_snapshot_of_layout_2() {
     assert!(matches!(replies[1], Reply::Claim(machine::ClaimReply::Accepted { version: 2, .. })), "{replies:?}");
 }
 
-/// A state file of layout 2 is migrated in place when the node starts: every device keeps its
-/// route and floor, the old tables are gone, and it opens again as layout 3.
-#[test]
-fn a_state_file_of_layout_2_is_migrated() {
-    let sm = populated();
+/// `sm`'s state as layout `format` (2 or 3) stored it, in `sm`'s file: the per-node route table
+/// and each lease row's route count, and (layout 2) the device rows split into a route table and
+/// a floor table.
+fn as_older_layout(sm: Sm<RedbBackend>, format: u32) -> TempDir {
     let (routes, floors) = legacy_rows(&sm);
-    let expected: Vec<_> = ["d1", "d2", "never"].iter().map(|d| sm.b.route(d)).collect();
-    assert!(expected[0].0.is_some() && expected[2] == (None, None));
-    // The same state in layout 2: the device rows split into the old tables, format 2.
-    let (dir, db) = {
-        let RedbBackend { dir, db } = sm.b;
-        (dir, db)
-    };
+    let pairs: Vec<(NodeId, String)> = sm.b.db.index.lock().unwrap().pairs().map(|(n, d)| (n, d.to_string())).collect();
+    let RedbBackend { dir, db } = sm.b;
+    let txn = db.db.begin_write().unwrap();
     {
-        let txn = db.db.begin_write().unwrap();
-        txn.delete_table(DEVICES).unwrap();
-        for (def, rows) in [(LEGACY_ROUTES, &routes), (LEGACY_FLOORS, &floors)] {
-            let mut t = txn.open_table(def).unwrap();
-            for (k, v) in rows {
-                t.insert(std::str::from_utf8(k).unwrap(), v.as_slice()).unwrap();
+        let mut index = txn.open_table(NODE_ROUTES).unwrap();
+        for (node, device) in &pairs {
+            index.insert((*node, device.as_str()), ()).unwrap();
+        }
+        let mut leases = txn.open_table(NODES).unwrap();
+        for (node, lease) in &sm.state.nodes {
+            leases.insert(*node, encode(lease).unwrap().as_slice()).unwrap();
+        }
+        if format == 2 {
+            txn.delete_table(DEVICES).unwrap();
+            for (def, rows) in [(LEGACY_ROUTES, &routes), (LEGACY_FLOORS, &floors)] {
+                let mut t = txn.open_table(def).unwrap();
+                for (k, v) in rows {
+                    t.insert(std::str::from_utf8(k).unwrap(), v.as_slice()).unwrap();
+                }
             }
         }
-        txn.open_table(META).unwrap().insert("format", encode(&2u32).unwrap().as_slice()).unwrap();
-        txn.commit().unwrap();
+        txn.open_table(META).unwrap().insert("format", encode(&format).unwrap().as_slice()).unwrap();
     }
-    drop(db);
-    for _ in 0..2 {
+    txn.commit().unwrap();
+    dir
+}
+
+/// A state file of layout 2 or 3 is migrated in place when the node starts: every device keeps
+/// its route and floor, every lease its route count, the old tables are gone, it opens again as
+/// the current layout, and the rebuilt route index finds a node's routes.
+#[test]
+fn a_state_file_of_layout_2_or_3_is_migrated() {
+    for format in [2, 3] {
+        let sm = populated();
+        let (state, (index, term)) = (sm.state.clone(), (sm.index, sm.term));
+        let expected: Vec<_> = ["d1", "d2", "never"].iter().map(|d| sm.b.route(d)).collect();
+        assert!(expected[0].0.is_some() && expected[1].0.is_some() && expected[2] == (None, None));
+        assert_eq!(state.nodes[&1].routes, 2);
+        let dir = as_older_layout(sm, format);
+        for _ in 0..2 {
+            let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+            assert_eq!(restore(loaded), state, "layout {format}");
+            let got: Vec<_> = ["d1", "d2", "never"].iter().map(|d| db.route(d).unwrap()).collect();
+            assert_eq!(got, expected);
+            let txn = db.db.begin_read().unwrap();
+            let names: BTreeSet<String> = txn.list_tables().unwrap().map(|t| t.name().to_string()).collect();
+            for old in ["routes", "route_floor", "node_routes"] {
+                assert!(!names.contains(old), "{old} is left in {names:?}");
+            }
+            let format: u32 = decode(txn.open_table(META).unwrap().get("format").unwrap().unwrap().value()).unwrap();
+            assert_eq!(format, super::state::STATE_FORMAT);
+            let lease: NodeLease = decode(txn.open_table(NODES).unwrap().get(1).unwrap().unwrap().value()).unwrap();
+            assert_eq!(lease.routes, 0, "a stored lease row holds no route count");
+        }
         let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
-        assert_eq!(restore(loaded), sm.state);
-        let got: Vec<_> = ["d1", "d2", "never"].iter().map(|d| db.route(d).unwrap()).collect();
-        assert_eq!(got, expected);
-        let txn = db.db.begin_read().unwrap();
-        let names: BTreeSet<String> = txn.list_tables().unwrap().map(|t| t.name().to_string()).collect();
-        assert!(!names.contains("routes") && !names.contains("route_floor"), "{names:?}");
-        let format: u32 = decode(txn.open_table(META).unwrap().get("format").unwrap().unwrap().value()).unwrap();
-        assert_eq!(format, super::state::STATE_FORMAT);
+        let mut sm = Sm::<RedbBackend>::empty();
+        (sm.b, sm.state, sm.index, sm.term) = (RedbBackend { dir, db }, restore(loaded), index, term);
+        let replies = sm.entry(vec![machine::ReleaseNode { node: 1 }.into()]);
+        assert!(matches!(replies[..], [Reply::ReleaseNode(2)]), "{replies:?}");
+        assert_eq!(sm.b.route("d2").0, None);
+        assert_eq!(sm.state.nodes[&1].routes, 0);
     }
+}
+
+/// A snapshot carries what layout 3 stored (the per-node route table, each lease's route count),
+/// so a node not yet upgraded installs it as its own; this build skips that table and counts the
+/// routes from the device rows, as it does on open.
+#[test]
+fn a_snapshot_carries_the_route_index_as_layout_3_stored_it() {
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct Body {
+        tables: Vec<(String, Rows)>,
+    }
+    let sm = populated();
+    let dump = sm.b.db.dump().unwrap();
+    let mut body: Body = decode(&dump.data).unwrap();
+    let table = |body: &Body, name: &str| body.tables.iter().find(|(n, _)| n == name).map(|(_, rows)| rows.clone());
+    let index: Vec<(NodeId, String)> = table(&body, "node_routes")
+        .expect("the snapshot carries node_routes")
+        .iter()
+        .map(|(k, v)| {
+            assert!(v.is_empty());
+            let (node, device) = <(NodeId, &str) as redb::Value>::from_bytes(k);
+            (node, device.to_string())
+        })
+        .collect();
+    assert_eq!(index, [(1, "d1".to_string()), (1, "d2".to_string())]);
+    let leases = table(&body, "nodes").unwrap();
+    let lease: NodeLease = decode(&leases[0].1).unwrap();
+    assert_eq!(lease.routes, 2);
+    // The table is skipped on install: wrong rows in it change nothing.
+    for (name, rows) in &mut body.tables {
+        if name == "node_routes" {
+            rows.truncate(1);
+        }
+    }
+    let applied = dump.applied.unwrap();
+    let copy = Sm::<RedbBackend>::empty();
+    let state = restore(copy.b.db.install(&encode(&body).unwrap(), &applied, 9, b"snapshot").unwrap());
+    assert_eq!(state, sm.state);
+    assert_eq!(rows(&copy.b.db), rows(&sm.b.db));
+    assert_eq!(copy.b.dump(), sm.b.dump());
 }
 
 #[test]

@@ -7,17 +7,19 @@ use std::collections::BTreeMap;
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
+use super::index::{Moves, RouteIndex};
 use super::schema::{
-    CLUSTER_EVENTS, DEVICES, DEVICE_TENANTS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, NODE_ROUTES, STREAMS,
-    TENANTS,
+    CLUSTER_EVENTS, DEVICES, DEVICE_TENANTS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, STREAMS, TENANTS,
 };
 use super::state::{
-    get, DeviceRow, ADMISSION, APPLIED, CAPACITY, CLOCK_MS, CLUSTER_ID, EVENT_SEQ, EXTENDED_TERM, MAX_CONNECTIONS,
-    RING_VERSION, SCALE_IN,
+    get, stored_lease, DeviceRow, ADMISSION, APPLIED, CAPACITY, CLOCK_MS, CLUSTER_ID, EVENT_SEQ, EXTENDED_TERM,
+    MAX_CONNECTIONS, RING_VERSION, SCALE_IN,
 };
 use super::StoreError;
 use crate::codec::encode;
-use crate::machine::{ClusterEvent, Entry, Floor, Head, KeyUse, Message, NodeId, Route, State, Tables, TenantRow};
+use crate::machine::{
+    ClusterEvent, Entry, Floor, Head, KeyUse, Message, NodeId, NodeLease, Route, State, Tables, TenantRow,
+};
 
 /// One table of an apply transaction, opened on first use: an entry touches a few of the
 /// registry's tables, and each open one costs a lookup on open and another on commit.
@@ -60,7 +62,10 @@ pub struct StateTxn<'t> {
     /// [`StateTxn::write_back`] (in key order): a claim reads a floor and a route and writes
     /// both, one row read and one written. At most one row per device the transaction touches.
     rows: RefCell<BTreeMap<String, Cached>>,
-    node_routes: Lazy<'t, (u64, &'static str), ()>,
+    /// The per-node route index as of the last commit, and this transaction's moves in it
+    /// (applied by [`super::state::StateDb::apply`] once the commit succeeds).
+    index: &'t RouteIndex,
+    moves: Moves,
     nodes: Lazy<'t, u64, &'static [u8]>,
     meta: Lazy<'t, &'static str, &'static [u8]>,
     streams: Lazy<'t, (&'static str, u64), &'static [u8]>,
@@ -74,12 +79,13 @@ pub struct StateTxn<'t> {
 }
 
 impl<'t> StateTxn<'t> {
-    pub(super) fn open(txn: &'t WriteTransaction) -> Self {
+    pub(super) fn open(txn: &'t WriteTransaction, index: &'t RouteIndex) -> Self {
         StateTxn {
             txn,
             devices: Lazy::new(DEVICES),
             rows: RefCell::new(BTreeMap::new()),
-            node_routes: Lazy::new(NODE_ROUTES),
+            index,
+            moves: Moves::new(),
             nodes: Lazy::new(NODES),
             meta: Lazy::new(META),
             streams: Lazy::new(STREAMS),
@@ -113,8 +119,9 @@ impl<'t> StateTxn<'t> {
         Ok(())
     }
 
-    /// Writes the changed device rows (a row with neither a route nor a floor is deleted).
-    pub(super) fn write_back(&mut self) -> Result<(), StoreError> {
+    /// Writes the changed device rows (a row with neither a route nor a floor is deleted), and
+    /// hands over the moves of the route index, to apply once the transaction commits.
+    pub(super) fn write_back(&mut self) -> Result<Moves, StoreError> {
         // Every cached row was read through the table, so it is open whenever a row is dirty.
         for (device, c) in std::mem::take(self.rows.get_mut()).into_iter().filter(|(_, c)| c.dirty) {
             let table = self.devices.get_mut(self.txn)?;
@@ -124,7 +131,7 @@ impl<'t> StateTxn<'t> {
                 table.insert(device.as_str(), encode(&c.row)?.as_slice())?;
             }
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.moves))
     }
 
     /// Persists what the applies changed in memory (`before` → `after`: lease rows, cluster id,
@@ -146,9 +153,12 @@ impl<'t> StateTxn<'t> {
             capacity,
             max_connections,
         } = after;
+        // A lease row is stored without its route count (`StateDb::open` counts the route
+        // index): a claim or a release, which changes only that, leaves the `nodes` table alone.
+        let same = |a: &NodeLease, b: &NodeLease| NodeLease { routes: b.routes, ..a.clone() } == *b;
         for (id, lease) in nodes {
-            if before.nodes.get(id) != Some(lease) {
-                self.nodes.get_mut(self.txn)?.insert(*id, encode(lease)?.as_slice())?;
+            if !before.nodes.get(id).is_some_and(|b| same(b, lease)) {
+                self.nodes.get_mut(self.txn)?.insert(*id, encode(&stored_lease(lease))?.as_slice())?;
             }
         }
         for id in before.nodes.keys().filter(|id| !nodes.contains_key(id)) {
@@ -199,30 +209,20 @@ impl Tables for StateTxn<'_> {
         self.change_row(device, |row| row.route = Some(route.clone()))?;
         // A device that reconnects to the same node keeps its index entry.
         if replaces != Some(route.node) {
-            let index = self.node_routes.get_mut(self.txn)?;
             if let Some(old) = replaces {
-                index.remove((old, device))?;
+                self.moves.insert((old, device.to_string()), false);
             }
-            index.insert((route.node, device), ())?;
+            self.moves.insert((route.node, device.to_string()), true);
         }
         Ok(())
     }
     fn remove_route(&mut self, device: &str, node: NodeId) -> Result<(), StoreError> {
         self.change_row(device, |row| row.route = None)?;
-        self.node_routes.get_mut(self.txn)?.remove((node, device))?;
+        self.moves.insert((node, device.to_string()), false);
         Ok(())
     }
     fn node_devices(&self, node: NodeId) -> Result<Vec<String>, StoreError> {
-        let mut devices = Vec::new();
-        for row in self.node_routes.get(self.txn)?.range((node, "")..)? {
-            let (k, _) = row?;
-            let (n, device) = k.value();
-            if n != node {
-                break;
-            }
-            devices.push(device.to_string());
-        }
-        Ok(devices)
+        Ok(self.index.devices(node, &self.moves))
     }
     fn floor(&self, device: &str) -> Result<Option<Floor>, StoreError> {
         Ok(self.row(device)?.floor)

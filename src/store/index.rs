@@ -1,0 +1,82 @@
+//! The per-node route index, kept in memory ([`RouteIndex`]): which devices hold a route naming
+//! each node, so that a sweep (or a drain's release, or a removal) deletes a node's routes without
+//! scanning every device. It is derived from the `devices` rows: built by one scan when the file
+//! opens or a snapshot installs, then changed by each apply after its commit. Layout 3 kept it as
+//! a table, which cost every claim and release a second B-tree write and a table root update in
+//! the commit, on every node.
+//!
+//! Memory: one entry per route (a device with a live connection), ~60 bytes plus the device id;
+//! routes are bounded by the nodes' connection limits, and the `devices` table holds the same
+//! routes on disk.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use redb::ReadableTable;
+
+use super::state::DeviceRow;
+use super::StoreError;
+use crate::codec::decode;
+use crate::machine::NodeId;
+
+/// An apply's changes to the index, applied once its transaction commits: (node, device) → whether
+/// the route now names the node.
+pub(super) type Moves = BTreeMap<(NodeId, String), bool>;
+
+/// node → the devices whose route names it.
+#[derive(Debug, Default)]
+pub(super) struct RouteIndex {
+    by_node: BTreeMap<NodeId, BTreeSet<Box<str>>>,
+}
+
+impl RouteIndex {
+    /// The index of every route in `devices` (one scan).
+    pub(super) fn build(devices: &impl ReadableTable<&'static str, &'static [u8]>) -> Result<Self, StoreError> {
+        let mut index = RouteIndex::default();
+        for row in devices.iter()? {
+            let (k, v) = row?;
+            let row: DeviceRow = decode(v.value())?;
+            if let Some(route) = row.route {
+                index.by_node.entry(route.node).or_default().insert(k.value().into());
+            }
+        }
+        Ok(index)
+    }
+
+    /// How many routes name `node`.
+    pub(super) fn count(&self, node: NodeId) -> u64 {
+        self.by_node.get(&node).map_or(0, |d| d.len() as u64)
+    }
+
+    /// The devices whose route names `node`, with `moves` (of a transaction not yet committed)
+    /// applied, in device order.
+    pub(super) fn devices(&self, node: NodeId, moves: &Moves) -> Vec<String> {
+        let mut devices: BTreeSet<&str> = self.by_node.get(&node).into_iter().flatten().map(|d| &**d).collect();
+        for ((_, device), holds) in moves.range((node, String::new())..).take_while(|((n, _), _)| *n == node) {
+            if *holds {
+                devices.insert(device.as_str());
+            } else {
+                devices.remove(device.as_str());
+            }
+        }
+        devices.into_iter().map(str::to_string).collect()
+    }
+
+    /// Applies a committed transaction's moves.
+    pub(super) fn apply(&mut self, moves: Moves) {
+        for ((node, device), holds) in moves {
+            if holds {
+                self.by_node.entry(node).or_default().insert(device.into_boxed_str());
+            } else if let Some(devices) = self.by_node.get_mut(&node) {
+                devices.remove(device.as_str());
+                if devices.is_empty() {
+                    self.by_node.remove(&node);
+                }
+            }
+        }
+    }
+
+    /// Every (node, device) pair, in order.
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (NodeId, &str)> {
+        self.by_node.iter().flat_map(|(node, devices)| devices.iter().map(move |d| (*node, &**d)))
+    }
+}
