@@ -5,9 +5,10 @@
 //! a table, which cost every claim and release a second B-tree write and a table root update in
 //! the commit, on every node.
 //!
-//! Memory: one entry per route (a device with a live connection), ~60 bytes plus the device id;
-//! routes are bounded by the nodes' connection limits, and the `devices` table holds the same
-//! routes on disk.
+//! Memory: one entry per route in the cluster (a device with a live connection, or an operator's
+//! claim), about 25 bytes of B-tree slot plus the device id's own allocation (32 bytes or more),
+//! estimated from the data structure; routes are bounded by the nodes' connection limits, and the
+//! `devices` table holds the same routes on disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 
