@@ -6,9 +6,10 @@
 //! the commit, on every node.
 //!
 //! Memory: one entry per route in the cluster (a device with a live connection, or an operator's
-//! claim), about 25 bytes of B-tree slot plus the device id's own allocation (32 bytes or more),
-//! estimated from the data structure; routes are bounded by the nodes' connection limits, and the
-//! `devices` table holds the same routes on disk.
+//! claim), 60–85 bytes each with 16- to 36-byte device ids (glibc's in-use bytes around building
+//! 57,000 routes of these types, in random and in sorted order): 3.4–4.8 MB on every node for the
+//! 57,000-device fleet. Routes are bounded by the nodes' connection limits, and the `devices`
+//! table holds the same routes on disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 
