@@ -3,16 +3,19 @@
 #
 #   deploy/build-image.sh [TAG]          default tag: $GATEWAY_IMAGE or gateway:dev
 #
-# The binary: cargo build --release --locked --target x86_64-unknown-linux-gnu with a static glibc,
-# in $CARGO_TARGET_DIR (default ./target) under x86_64-unknown-linux-gnu/release/gateway. The image
-# gets a build context of its own holding only the binary and an empty data dir.
+# The binary: cargo build --profile dist --locked --target x86_64-unknown-linux-gnu with a static
+# glibc, in $CARGO_TARGET_DIR (default ./target) under x86_64-unknown-linux-gnu/dist/gateway. The
+# dist profile is the release one with link-time optimisation (Cargo.toml): about twice the cold
+# build time; GATEWAY_IMAGE_PROFILE=release builds the quick way. The image gets a build context of
+# its own holding only the binary and an empty data dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TAG="${1:-${GATEWAY_IMAGE:-gateway:dev}}"
 TRIPLE=x86_64-unknown-linux-gnu
 TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-BIN="$TARGET_DIR/$TRIPLE/release/gateway"
+PROFILE="${GATEWAY_IMAGE_PROFILE:-dist}"
+BIN="$TARGET_DIR/$TRIPLE/$PROFILE/gateway"
 
 say() { echo "build-image: $*" >&2; }
 die() { echo "build-image: error: $*" >&2; exit 1; }
@@ -24,9 +27,9 @@ if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep 
   die "the Rust target $TRIPLE is not installed (rustup target add $TRIPLE)"
 fi
 
-say "static binary: cargo build --release --locked --target $TRIPLE (CARGO_TARGET_DIR=$TARGET_DIR)"
+say "static binary: cargo build --profile $PROFILE --locked --target $TRIPLE (CARGO_TARGET_DIR=$TARGET_DIR)"
 t0=$SECONDS
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --target "$TRIPLE"
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
 [[ -x "$BIN" ]] || die "the build did not produce $BIN"
 # A dynamically linked binary has a program interpreter (ld-linux); in an empty image it cannot start.
 if command -v readelf >/dev/null 2>&1 && readelf -l "$BIN" | grep -q 'Requesting program interpreter'; then
