@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::{Method, Request, StatusCode};
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::upgrade::Upgraded;
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -100,42 +103,73 @@ impl HttpClient {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<(StatusCode, Bytes), HttpError> {
+        let req = self.request(method, addr, path, content_type, body)?;
+        let fut = async {
+            let resp = self.send(addr, req).await?;
+            Ok((resp.status(), whole(addr, resp).await?))
+        };
+        within(addr, timeout, fut).await
+    }
+
+    /// Asks `{addr}{path}` (a POST without a body) to switch the connection to `protocol`
+    /// (`Connection: upgrade`): the upgraded connection on `101`, otherwise the status and body
+    /// answered. The connection leaves the pool.
+    pub async fn upgrade(
+        &self,
+        addr: &str,
+        path: &str,
+        protocol: &'static str,
+        timeout: Duration,
+    ) -> Result<Result<Upgraded, (StatusCode, Bytes)>, HttpError> {
+        let mut req = self.request(Method::POST, addr, path, "application/octet-stream", Vec::new())?;
+        req.headers_mut().insert(hyper::header::CONNECTION, HeaderValue::from_static("upgrade"));
+        req.headers_mut().insert(hyper::header::UPGRADE, HeaderValue::from_static(protocol));
+        let fut = async {
+            let mut resp = self.send(addr, req).await?;
+            if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+                return Ok(Err((resp.status(), whole(addr, resp).await?)));
+            }
+            let upgraded = hyper::upgrade::on(&mut resp)
+                .await
+                .map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: error_chain(&e) })?;
+            Ok(Ok(upgraded))
+        };
+        within(addr, timeout, fut).await
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        addr: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Request<Full<Bytes>>, HttpError> {
         let url = self.url(addr, path);
         if !self.tls && url.starts_with("https://") {
             let reason = "https needs a CA to trust: --ca-file (GATEWAY_CA_FILE)".to_string();
             return Err(HttpError::Connect { addr: addr.to_string(), reason });
         }
-        let req = Request::builder()
+        Request::builder()
             .method(method)
             .uri(url)
             .header(hyper::header::AUTHORIZATION, &self.bearer)
             .header(hyper::header::CONTENT_TYPE, content_type)
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })?;
-        let fut = async {
-            let resp = self.client.request(req).await.map_err(|e| {
-                // hyper's Display says only "client error (Connect)": the cause (refused, a
-                // TLS alert, an untrusted certificate) is what an operator needs.
-                let reason = error_chain(&e);
-                if e.is_connect() {
-                    HttpError::Connect { addr: addr.to_string(), reason }
-                } else {
-                    HttpError::Transport { addr: addr.to_string(), reason }
-                }
-            })?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })?
-                .to_bytes();
-            Ok((status, body))
-        };
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(HttpError::Timeout { addr: addr.to_string(), timeout }),
-        }
+            .map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })
+    }
+
+    async fn send(&self, addr: &str, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, HttpError> {
+        self.client.request(req).await.map_err(|e| {
+            // hyper's Display says only "client error (Connect)": the cause (refused, a
+            // TLS alert, an untrusted certificate) is what an operator needs.
+            let reason = error_chain(&e);
+            if e.is_connect() {
+                HttpError::Connect { addr: addr.to_string(), reason }
+            } else {
+                HttpError::Transport { addr: addr.to_string(), reason }
+            }
+        })
     }
 
     pub async fn post_bin(
@@ -162,6 +196,24 @@ impl HttpClient {
     pub async fn get(&self, addr: &str, path: &str, timeout: Duration) -> Result<(StatusCode, Bytes), HttpError> {
         self.call(Method::GET, addr, path, "application/json", Vec::new(), timeout).await
     }
+}
+
+/// `fut`, or `HttpError::Timeout` once `timeout` passes.
+async fn within<T>(
+    addr: &str,
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<T, HttpError>>,
+) -> Result<T, HttpError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(HttpError::Timeout { addr: addr.to_string(), timeout }),
+    }
+}
+
+/// The whole body of `resp`.
+async fn whole(addr: &str, resp: Response<Incoming>) -> Result<Bytes, HttpError> {
+    let body = resp.into_body().collect().await;
+    Ok(body.map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })?.to_bytes())
 }
 
 /// An error and its sources, `: `-separated.

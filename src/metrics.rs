@@ -38,6 +38,8 @@ pub struct Metrics {
     pub log_fsyncs: Counter,
     /// Entries written by those appends.
     pub log_entries: Counter,
+    /// Append streams a leader opened to this node (`/raft/v2/stream`, upgraded).
+    pub raft_append_streams: Counter,
     /// Commands handed to the Raft log by this node's proposer, and the entries that carried them.
     pub proposed_commands: Counter,
     pub proposed_batches: Counter,
@@ -137,6 +139,7 @@ impl Default for Metrics {
             registry: Registry::default(),
             log_fsyncs: Counter::default(),
             log_entries: Counter::default(),
+            raft_append_streams: Counter::default(),
             proposed_commands: Counter::default(),
             proposed_batches: Counter::default(),
             propose_lease_waits: Counter::default(),
@@ -193,6 +196,11 @@ impl Default for Metrics {
         m.admitted_share.set(1000);
         registry.register("log_fsyncs", "Durable Raft log appends (one fsync each)", m.log_fsyncs.clone());
         registry.register("log_entries", "Raft log entries written", m.log_entries.clone());
+        registry.register(
+            "raft_append_streams",
+            "Append streams a leader opened to this node (pipelined replication)",
+            m.raft_append_streams.clone(),
+        );
         registry.register(
             "proposed_commands",
             "Commands proposed by this node's leader proposer",

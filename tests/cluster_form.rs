@@ -1,4 +1,5 @@
-//! Forming a cluster with `gateway join`: every node agrees, and joining a member again is a no-op.
+//! Forming a cluster with `gateway join`: every node agrees (replicated over append streams), and
+//! joining a member again is a no-op.
 
 mod common;
 
@@ -27,6 +28,11 @@ fn three_nodes_form_and_agree_and_rejoin_is_a_noop() {
         assert_eq!(m.id, id, "member row for {} vs its own id", m.name);
         assert_eq!(m.cluster_addr, c.nodes[i].cluster_addr_str(), "cluster_addr of {}", m.name);
     }
+    // Replication reached both followers over pipelined append streams, not one HTTP request per
+    // append: a node counts the streams leaders opened to it.
+    let streamed: Vec<f64> =
+        all.iter().map(|&i| c.metric(i, "gateway_raft_append_streams_total").unwrap_or(0.0)).collect();
+    assert!(streamed.iter().filter(|&&n| n >= 1.0).count() >= 2, "append streams opened to each node: {streamed:?}");
     let mut ids = view.ids();
     ids.dedup();
     assert_eq!(ids.len(), 3, "ids are unique: {view:#?}");

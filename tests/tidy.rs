@@ -270,9 +270,13 @@ fn server_tasks_are_spawned_on_a_tracker() {
             }
         }
     }
-    // Test modules may spawn freely: only count lines before a file's `mod tests`.
+    // Test modules may spawn freely: only count lines before a file's `mod tests`, and none in a
+    // test module of its own file (`tests.rs`, `*_tests.rs`).
     broken.retain(|place| {
         let (path, n) = place.rsplit_once(':').unwrap();
+        if path.ends_with("tests.rs") {
+            return false;
+        }
         let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
         let tests_at = text.lines().position(|l| l.starts_with("mod tests") || l.starts_with("#[cfg(test)]"));
         tests_at.is_none_or(|t| n.parse::<usize>().unwrap() <= t)

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Refusal, Resp};
-use crate::cluster::{Handle, RpcKind};
+use crate::cluster::{Handle, RpcKind, APPEND_STREAM_PATH};
 use crate::http::{HttpClient, MAX_RPC_BYTES};
 use crate::machine::NodeId;
 use crate::metrics::Metrics;
@@ -65,6 +65,8 @@ pub struct Api {
     pub ui_events: Arc<ui::events::EventLog>,
     /// The scaling hint as last evaluated (`scaling::follow` fills it).
     pub scaling: Arc<scaling::Tracker>,
+    /// The node's tasks: what a request starts that outlives it (a leader's append stream).
+    pub tasks: TaskTracker,
 }
 
 /// `{"error": reason, "message": message}` with `status`.
@@ -149,6 +151,12 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         tracing::debug!(%method, %path, "refused a backend request outside publish and route reads");
         return error(StatusCode::FORBIDDEN, "forbidden", "a backend secret publishes and reads routes only");
     }
+    if method == Method::POST && path == APPEND_STREAM_PATH {
+        return match wrong_target(api, target) {
+            Some(refusal) => refusal,
+            None => raft_rpc::stream(api, req),
+        };
+    }
     let limit = match segments.first() {
         Some(&"raft") | Some(&"cluster") => MAX_RPC_BYTES,
         _ if publish => api.device.max_payload_bytes,
@@ -168,10 +176,8 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
     // Messages meant for one identity (Raft RPC, removal notices) name it: a wiped node answering
     // on its old address must not act on its former identity's behalf.
     let addressed = segments.first() == Some(&"raft") || matches!(segments.as_slice(), ["cluster", "removed" | "ping"]);
-    let me = api.cluster.me();
-    if addressed && target != Some(me) {
-        let wanted = target.map_or("(none)".into(), |t| t.to_string());
-        return error(StatusCode::CONFLICT, "wrong_target", format!("this is node {me}, not {wanted}"));
+    if let Some(refusal) = addressed.then(|| wrong_target(api, target)).flatten() {
+        return refusal;
     }
     match (&method, segments.as_slice()) {
         (&Method::POST, ["raft", "v2", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
@@ -201,6 +207,14 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         }
         _ => error(StatusCode::NOT_FOUND, "not_found", "no such path"),
     }
+}
+
+/// `409 wrong_target` unless `target` (a request's `?target=`) is this node.
+fn wrong_target(api: &Api, target: Option<NodeId>) -> Option<Resp> {
+    let me = api.cluster.me();
+    let wanted = target.map_or("(none)".into(), |t| t.to_string());
+    (target != Some(me))
+        .then(|| error(StatusCode::CONFLICT, "wrong_target", format!("this is node {me}, not {wanted}")))
 }
 
 fn caller(api: &Api, req: &Request<Incoming>) -> Option<Caller> {

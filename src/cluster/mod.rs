@@ -24,9 +24,10 @@ use crate::machine::{
     ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetMaxConnections,
     SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
-use crate::raft::rpc;
 pub use crate::raft::rpc::{RpcError, RpcKind};
+pub use crate::raft::stream::{PATH as APPEND_STREAM_PATH, PROTOCOL as APPEND_STREAM_PROTOCOL};
 use crate::raft::types::{Raft, TypeConfig};
+use crate::raft::{rpc, stream};
 use crate::store::state::{LedgerRows, StateDb};
 use crate::view::ClusterView;
 use crate::wire::{MembershipSummary, StatusReport};
@@ -63,8 +64,15 @@ struct Inner {
     /// Highest committed log index this node has learned (maintained by the log store).
     committed: Arc<AtomicU64>,
     clock: Arc<ClusterClock>,
-    /// When this node last answered an AppendEntries (see [`Handle::since_last_append`]).
+    /// When this node last took an AppendEntries (see [`Handle::since_last_append`]).
     last_append: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Inner {
+    /// Notes that this node took an AppendEntries now.
+    fn appended(&self) {
+        *self.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
 }
 
 /// What a [`Handle`] is built from (by the composition root).
@@ -360,9 +368,18 @@ impl Handle {
     pub async fn rpc(&self, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, RpcError> {
         let reply = rpc::serve(&self.inner.raft, kind, body).await;
         if kind == RpcKind::Append {
-            *self.inner.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+            self.inner.appended();
         }
         reply
+    }
+
+    /// Serves a leader's append stream on an upgraded connection until it ends (see
+    /// [`crate::raft::stream`]).
+    pub async fn serve_append_stream(&self, io: impl stream::Io, stop: tokio_util::sync::CancellationToken) {
+        let (raft, inner) = (self.inner.raft.clone(), self.inner.clone());
+        // Boxed so that the stream's type does not name the borrow of `raft` it was made from.
+        let follow = move |input| -> openraft::base::BoxStream<'static, _> { Box::pin(raft.stream_append(input)) };
+        stream::serve(io, stream::Limits::default(), follow, move || inner.appended(), stop).await
     }
 
     /// How long ago this node last answered an AppendEntries (a leader's heartbeat or entries);

@@ -223,6 +223,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         drain: drain_requested.clone(),
         ui_events: Arc::default(),
         scaling: Arc::default(),
+        tasks: tasks.clone(),
     });
     let d = &cfg.device;
     let upstream =

@@ -1,11 +1,12 @@
 //! openraft adapters and nothing else: the type configuration, the log store and the state-machine
-//! adapter over `store`, the HTTP network client, and the RPC service the cluster listener hands
+//! adapter over `store`, the network client (HTTP, and the pipelined append stream), and the RPC service the cluster listener hands
 //! Raft messages to. The rules are in `machine`; the redb layout is in `store`.
 
 pub mod log_store;
 pub mod network;
 pub mod rpc;
 pub mod state_machine;
+pub mod stream;
 pub mod tail;
 pub mod types;
 

@@ -3,25 +3,37 @@
 //! the 0.9 layout (`/raft/append`, ...) answers 404, a failed RPC, never a misread one. An append
 //! over the size limit sends the entries that fit and reports a partial success; a snapshot goes
 //! whole, in one request. One pooled client is shared by every target, so `new_client` is cheap.
+//!
+//! Replication and heartbeats (openraft's `stream_append`) go over a pipelined connection of their
+//! own ([`super::stream`]) that each client keeps between streams. A target without the stream
+//! endpoint (an older build answers 404) gets one `/raft/v2/append` request per append, and is
+//! asked again after [`RETRY_STREAM`].
 
 use std::future::Future;
+use std::time::{Duration, Instant};
 
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::OptionalSend;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::stream::{self, Link};
 use super::types::{Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::codec::{decode, encode};
 use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
 
 type RpcErr = RPCError<TypeConfig>;
+
+/// How long a target that has no stream endpoint is sent one HTTP request per append before it is
+/// asked for a stream again (it may have been upgraded).
+pub const RETRY_STREAM: Duration = Duration::from_secs(30);
 
 /// Creates per-target clients sharing one connection pool.
 #[derive(Clone)]
@@ -39,7 +51,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Peer {
-        Peer { http: self.http.clone(), target, node: node.clone() }
+        Peer { http: self.http.clone(), target, node: node.clone(), link: None, http_until: None }
     }
 }
 
@@ -48,6 +60,10 @@ pub struct Peer {
     http: HttpClient,
     target: NodeId,
     node: Member,
+    /// The append stream's connection, kept between streams.
+    link: Option<Link>,
+    /// Until when appends go one HTTP request each (the target had no stream endpoint).
+    http_until: Option<Instant>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,17 +90,35 @@ impl Peer {
                 HttpError::Connect { .. } => RPCError::Unreachable(Unreachable::new(&e)),
                 _ => RPCError::Network(NetworkError::new(&e)),
             })?;
-        if status == hyper::StatusCode::CONFLICT {
-            // Another identity answers on that address (a wiped node): like nobody home.
-            let msg = Msg(format!("{} is now another node: {}", self.node, String::from_utf8_lossy(&bytes)));
-            return Err(RPCError::Unreachable(Unreachable::new(&msg)));
-        }
         if !status.is_success() {
-            let msg = Msg(format!("{} answered {status}: {}", self.node, String::from_utf8_lossy(&bytes)));
-            return Err(RPCError::Network(NetworkError::new(&msg)));
+            return Err(self.refused(status, &bytes));
         }
         let res: Result<Resp, E> = decode(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e)))
+    }
+
+    /// The error for a request the target answered with `status` (not a success).
+    fn refused<E: std::error::Error>(&self, status: hyper::StatusCode, bytes: &[u8]) -> RPCError<TypeConfig, E> {
+        if status == hyper::StatusCode::CONFLICT {
+            // Another identity answers on that address (a wiped node): like nobody home.
+            let msg = Msg(format!("{} is now another node: {}", self.node, String::from_utf8_lossy(bytes)));
+            return RPCError::Unreachable(Unreachable::new(&msg));
+        }
+        let msg = Msg(format!("{} answered {status}: {}", self.node, String::from_utf8_lossy(bytes)));
+        RPCError::Network(NetworkError::new(&msg))
+    }
+
+    /// Opens an append stream to the target; None when it has no stream endpoint (404).
+    async fn dial(&self, option: &RPCOption) -> Result<Option<Link>, RpcErr> {
+        let path = format!("{}?target={}", stream::PATH, self.target);
+        let addr = &self.node.cluster_addr;
+        match self.http.upgrade(addr, &path, stream::PROTOCOL, option.hard_ttl()).await {
+            Ok(Ok(upgraded)) => Ok(Some(Link::new(hyper_util::rt::TokioIo::new(upgraded)))),
+            Ok(Err((hyper::StatusCode::NOT_FOUND, _))) => Ok(None),
+            Ok(Err((status, bytes))) => Err(self.refused(status, &bytes)),
+            Err(e @ HttpError::Connect { .. }) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
     }
 }
 
@@ -127,6 +161,36 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         Ok(match (resp, partial) {
             (AppendEntriesResponse::Success, Some(n)) => AppendEntriesResponse::PartialSuccess(last_sent(n)),
             (resp, _) => resp,
+        })
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RpcErr>>, RpcErr>>
+    where
+        S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            if self.http_until.is_some_and(|until| Instant::now() < until) {
+                return stream_append_sequential(self, input, option).await;
+            }
+            let kept = self.link.take().and_then(|mut link| link.reusable().then_some(link));
+            let link = match kept {
+                Some(link) => link,
+                None => match self.dial(&option).await? {
+                    Some(link) => link,
+                    None => {
+                        tracing::info!(target_node = %self.node, "no append stream endpoint there: one request per append");
+                        self.http_until = Some(Instant::now() + RETRY_STREAM);
+                        return stream_append_sequential(self, input, option).await;
+                    }
+                },
+            };
+            let peer = self.node.to_string();
+            let fit = |req: &AppendEntriesRequest<TypeConfig>| fit(req, MAX_APPEND_BYTES);
+            Ok(stream::pipeline(link, &mut self.link, input, option.hard_ttl(), peer, fit))
         })
     }
 
