@@ -189,8 +189,8 @@ impl RaftNetworkV2<TypeConfig> for Peer {
                 },
             };
             let peer = self.node.to_string();
-            let fit = |req: &AppendEntriesRequest<TypeConfig>| fit(req, MAX_APPEND_BYTES);
-            Ok(stream::pipeline(link, &mut self.link, input, option.hard_ttl(), peer, fit))
+            let cut = |req: &AppendEntriesRequest<TypeConfig>| fit(req, MAX_APPEND_BYTES);
+            Ok(stream::pipeline(link, &mut self.link, input, option.hard_ttl(), stream::REUSE_IDLE, peer, cut))
         })
     }
 

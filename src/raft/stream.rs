@@ -12,8 +12,10 @@
 //!   last frame of its connection: both sides close it.
 //! - A connection whose every request was answered is kept for the sender's next stream (openraft
 //!   opens one per replication session and one per heartbeat); one idle past [`REUSE_IDLE`] or
-//!   closed by the follower is dialled anew. A follower closing a connection while nothing is asked
-//!   of it (its idle timeout, a restart) ends the stream, and openraft opens the next at once.
+//!   closed by the follower is dialled anew. A stream with nothing asked of it for [`REUSE_IDLE`]
+//!   ends and drops its connection (well inside the follower's idle timeout, so the two never race
+//!   over a request); so does one whose connection the follower closes while nothing is asked (a
+//!   restart), and openraft opens the next stream at once.
 //! - A request left unanswered for the RPC's deadline (`RPCOption::hard_ttl`: the heartbeat
 //!   interval, as for an HTTP append) fails the stream and closes the connection.
 //! - Bytes: a frame is at most [`MAX_FRAME`]; a follower holds at most [`Limits::in_flight`] bytes
@@ -121,6 +123,7 @@ pub fn pipeline<'s, S, F>(
     slot: &'s mut Option<Link>,
     input: S,
     ttl: Duration,
+    idle: Duration,
     peer: String,
     fit: F,
 ) -> BoxStream<'s, Item>
@@ -128,7 +131,9 @@ where
     S: Stream<Item = Request> + Send + Unpin + 'static,
     F: Fn(&Request) -> Result<(Vec<u8>, Option<usize>), RPCError<TypeConfig>> + Send + 's,
 {
-    let session = Session { link: Some(link), slot, input, input_done: false, sent: VecDeque::new(), ttl, peer, fit };
+    let last_active = link.idle_since;
+    let sent = VecDeque::new();
+    let session = Session { link: Some(link), slot, input, input_done: false, sent, ttl, idle, last_active, peer, fit };
     Box::pin(futures_util::stream::unfold(session, |mut s| async move {
         let item = s.step().await?;
         Some((item, s))
@@ -144,6 +149,11 @@ struct Session<'s, S, F> {
     /// When each unanswered request went out.
     sent: VecDeque<Instant>,
     ttl: Duration,
+    /// With nothing asked for this long since `last_active` (a request or an answer), the stream
+    /// ends quietly and drops its connection, before the follower's idle timeout could race a
+    /// request on it.
+    idle: Duration,
+    last_active: Instant,
     peer: String,
     fit: F,
 }
@@ -162,7 +172,8 @@ where
                 return None;
             }
             let link = self.link.as_mut()?;
-            let deadline = self.sent.front().map_or_else(|| Instant::now() + self.ttl, |at| *at + self.ttl);
+            let waiting = !self.sent.is_empty();
+            let deadline = self.sent.front().map_or(self.last_active + self.idle, |at| *at + self.ttl);
             tokio::select! {
                 biased;
                 frame = link.framed().next() => {
@@ -176,6 +187,7 @@ where
                         self.link = None;
                         return (!quiet).then(|| Err(network(format!("{} closed the append stream", self.peer))));
                     }
+                    self.last_active = Instant::now();
                     let answer = match frame {
                         Some(Ok(bytes)) => decode::<Answer>(&bytes).map_err(|e| format!("an unreadable answer: {e}")),
                         Some(Err(e)) => Err(e.to_string()),
@@ -207,7 +219,10 @@ where
                     };
                     self.input_done |= partial.is_some();
                     match tokio::time::timeout(self.ttl, link.framed().send(Bytes::from(body))).await {
-                        Ok(Ok(())) => self.sent.push_back(Instant::now()),
+                        Ok(Ok(())) => {
+                            self.last_active = Instant::now();
+                            self.sent.push_back(self.last_active);
+                        }
                         Ok(Err(e)) => {
                             self.link = None;
                             return Some(Err(network(format!("append stream to {}: {e}", self.peer))));
@@ -219,8 +234,12 @@ where
                         }
                     }
                 }
-                _ = tokio::time::sleep_until(deadline), if !self.sent.is_empty() => {
+                _ = tokio::time::sleep_until(deadline) => {
                     self.link = None;
+                    if !waiting {
+                        tracing::debug!(peer = %self.peer, "append stream idle; closing its connection");
+                        return None;
+                    }
                     let msg = format!("{} answered no append within {} ms", self.peer, self.ttl.as_millis());
                     return Some(Err(network(msg)));
                 }

@@ -67,7 +67,7 @@ async fn exchange(
     reqs: Vec<Request>,
     ttl: Duration,
 ) -> Vec<Result<Option<LogId>, String>> {
-    let answers = pipeline(link, slot, futures_util::stream::iter(reqs), ttl, "node-2".into(), whole);
+    let answers = pipeline(link, slot, futures_util::stream::iter(reqs), ttl, WAIT, "node-2".into(), whole);
     let answers = tokio::time::timeout(WAIT, answers.collect::<Vec<_>>()).await.expect("the stream ends");
     answers
         .into_iter()
@@ -260,7 +260,7 @@ async fn a_connection_the_follower_closes_while_idle_ends_the_stream_quietly() {
     let mut slot = None;
     // A replication stream: one append, then nothing more for now (the input stays open).
     let input = futures_util::stream::iter([append(0, 1)]).chain(futures_util::stream::pending());
-    let answers = pipeline(Link::new(io), &mut slot, input, WAIT, "node-2".into(), whole);
+    let answers = pipeline(Link::new(io), &mut slot, input, WAIT, WAIT, "node-2".into(), whole);
     let got = tokio::time::timeout(WAIT, answers.collect::<Vec<_>>()).await.expect("the stream ends");
     let got: Vec<_> = got.into_iter().map(|a| a.map_err(|e| e.to_string())).collect();
     assert_eq!(
@@ -270,4 +270,22 @@ async fn a_connection_the_follower_closes_while_idle_ends_the_stream_quietly() {
     );
     assert!(slot.is_none());
     tokio::time::timeout(WAIT, task).await.expect("the follower closed").expect("no panic");
+}
+
+#[tokio::test]
+async fn a_stream_idle_past_its_limit_ends_quietly_and_drops_its_connection() {
+    // The follower would wait much longer: the leader's end goes first, so no request of the
+    // leader's can meet a connection the follower is closing.
+    let (io, _read, task) = follower(Limits { idle: WAIT * 2, ..Limits::default() }, echo);
+    let mut slot = None;
+    let idle = Duration::from_millis(300);
+    let input = futures_util::stream::iter([append(0, 1)]).chain(futures_util::stream::pending());
+    let started = Instant::now();
+    let answers = pipeline(Link::new(io), &mut slot, input, WAIT, idle, "node-2".into(), whole);
+    let got = tokio::time::timeout(WAIT, answers.collect::<Vec<_>>()).await.expect("the stream ends");
+    assert!(started.elapsed() >= idle);
+    let got: Vec<_> = got.into_iter().map(|a| a.map_err(|e| e.to_string())).collect();
+    assert_eq!(got, vec![Ok(Ok(Some(log_id(1, 1, 1))))]);
+    assert!(slot.is_none(), "an idle stream's connection is dropped, not kept");
+    tokio::time::timeout(WAIT, task).await.expect("the follower sees the close").expect("no panic");
 }
