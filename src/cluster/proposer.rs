@@ -2,10 +2,13 @@
 //! apply transaction and the leader a replication message per follower, so one entry per write
 //! would cost that per write (the log writer folds queued appends into one fsync, but not the
 //! rest). The proposer folds every
-//! command that queued while the previous entry committed into one `Request` (bounded, no fixed
-//! linger) and hands each caller its own reply. On a follower the batch is forwarded to the
+//! command that queued while the previous entry committed into one `Request` (bounded) and hands
+//! each caller its own reply. A batch waits briefly for the callers the last commits answered
+//! (see [`Fill`]): a client that writes again as soon as it is answered then shares the next entry
+//! with the others instead of going out alone. On a follower the batch is forwarded to the
 //! leader's `/cluster/propose/v2`, where the leader's proposer batches it again and stamps time.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +44,9 @@ pub const MAX_BATCH_BYTES: usize = MAX_APPEND_BYTES / 2;
 /// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
 /// fsync); with two, the next batch is already queued in openraft when the log flushes.
 pub const MAX_IN_FLIGHT: usize = 2;
+
+/// Longest a bulk batch waits for the callers the last commits answered (see [`Fill`]).
+pub const MAX_LINGER: Duration = Duration::from_millis(1);
 
 /// Why a write did not get a reply. All are retryable except `Rejected`.
 #[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -87,7 +93,7 @@ impl Proposer {
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
         let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
-        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone() };
+        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone(), fill: None };
         tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
         Proposer { tx, urgent, timeout }
     }
@@ -172,6 +178,36 @@ struct Ctx {
     /// Cluster time, stamped into time-dependent commands (only the leader's stamps commit).
     clock: Arc<ClusterClock>,
     tasks: TaskTracker,
+    /// The bulk queue's: what its local writes answered (none for the urgent queue).
+    fill: Option<Arc<Fill>>,
+}
+
+/// A batch that waits to fill. Clients that write again as soon as they are answered (a
+/// handshake's claim, then its release; a backend's next write) come back within a round trip of
+/// their answer. Without a wait the first of them takes the free slot alone and the rest queue
+/// for the next, so eight such clients split into groups of one to four (2.5 claims per entry)
+/// and every entry costs three nodes an append, a replication round and an apply. So a bulk batch
+/// that holds fewer commands than the last commits answered waits for the rest, at most
+/// [`MAX_LINGER`] (tokio's timers tick by the millisecond, so a shorter wait would end on the
+/// same tick); callers answered by the other batch in flight while it waits are waited for too,
+/// so groups merge into one entry (eight per entry at eight clients). Nobody answered (a single
+/// client, a quiet node, a follower, whose writes go to the leader) means no wait.
+#[derive(Default)]
+struct Fill {
+    /// Callers answered by local writes since the batching loop last looked.
+    answered: AtomicUsize,
+}
+
+impl Fill {
+    /// A local write of `callers` commands committed.
+    fn committed(&self, callers: usize) {
+        self.answered.fetch_add(callers, Ordering::Relaxed);
+    }
+
+    /// Callers answered since the last look.
+    fn take_answered(&self) -> usize {
+        self.answered.swap(0, Ordering::Relaxed)
+    }
 }
 
 async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pending>, cancel: CancellationToken) {
@@ -181,7 +217,9 @@ async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pendi
             ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());
         }
     };
-    tokio::join!(batches(urgent, cancel.clone(), spawn(ctx.clone())), batches(rx, cancel, spawn(ctx)));
+    let fill = Arc::new(Fill::default());
+    let bulk = Ctx { fill: Some(fill.clone()), ..ctx.clone() };
+    tokio::join!(batches(urgent, cancel.clone(), None, spawn(ctx)), batches(rx, cancel, Some(fill), spawn(bulk)));
 }
 
 /// The batching loop of one queue. Urgent commands (lease and leader duties) have a loop, batches
@@ -192,6 +230,7 @@ async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pendi
 async fn batches(
     mut rx: mpsc::Receiver<Pending>,
     cancel: CancellationToken,
+    fill: Option<Arc<Fill>>,
     mut spawn: impl FnMut(Vec<Pending>, OwnedSemaphorePermit),
 ) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -215,15 +254,39 @@ async fn batches(
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH && bytes <= MAX_BATCH_BYTES {
             let Ok(p) = rx.try_recv() else { break };
-            bytes += p.cmd.weight();
-            if bytes > MAX_BATCH_BYTES {
-                carry = Some(p);
+            carry = add(&mut batch, &mut bytes, p);
+            if carry.is_some() {
                 break;
             }
-            batch.push(p);
+        }
+        if let Some(fill) = &fill {
+            let mut want = fill.take_answered();
+            let until = tokio::time::Instant::now() + MAX_LINGER;
+            while carry.is_none() && batch.len() < want.min(MAX_BATCH) {
+                let p = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    p = rx.recv() => match p { Some(p) => p, None => break },
+                    _ = tokio::time::sleep_until(until) => break,
+                };
+                carry = add(&mut batch, &mut bytes, p);
+                // The other batch in flight committed meanwhile: its callers join this one.
+                want += fill.take_answered();
+            }
         }
         spawn(batch, permit);
     }
+}
+
+/// Adds `p` to `batch` (of `bytes`), or hands it back if it would take the batch over
+/// [`MAX_BATCH_BYTES`]: the first of the next batch.
+fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending) -> Option<Pending> {
+    *bytes += p.cmd.weight();
+    if *bytes > MAX_BATCH_BYTES {
+        return Some(p);
+    }
+    batch.push(p);
+    None
 }
 
 /// Proposes one batch as one log entry and hands each caller its reply, within the propose
@@ -246,6 +309,9 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             })
             .collect();
         let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds })).await;
+        if let (Some(fill), Ok(Ok(_)), Some(_)) = (&ctx.fill, &write, &permit) {
+            fill.committed(batch.len());
+        }
         // The slot is for local writes only: forwarding and waiting for a leader hold none.
         drop(permit.take());
         let f = match write {
@@ -389,8 +455,8 @@ mod tests {
         }
         let (out, mut sent) = mpsc::unbounded_channel::<Sent>();
         let cancel = CancellationToken::new();
-        tokio::spawn(batches(rx, cancel.clone(), record(false, out.clone())));
-        tokio::spawn(batches(urgent_rx, cancel.clone(), record(true, out)));
+        tokio::spawn(batches(rx, cancel.clone(), None, record(false, out.clone())));
+        tokio::spawn(batches(urgent_rx, cancel.clone(), None, record(true, out)));
         let mut held = Vec::new();
         for _ in 0..MAX_IN_FLIGHT {
             let (urgent, cmds, permit) = sent.recv().await.unwrap();
@@ -408,5 +474,63 @@ mod tests {
         assert!(matches!(cmds.as_slice(), [Command::Renew(r)] if r.node == 7), "the renewal goes alone: {cmds:?}");
         cancel.cancel();
         drop(held);
+    }
+
+    fn release(i: usize) -> Command {
+        Command::Release(Release { device: format!("d{i}"), conn: 1 })
+    }
+
+    /// Starts a bulk loop whose last commit answered `answered` callers.
+    fn filling(answered: usize) -> (mpsc::Sender<Pending>, mpsc::UnboundedReceiver<Sent>, Arc<Fill>) {
+        let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
+        let (out, sent) = mpsc::unbounded_channel::<Sent>();
+        let fill = Arc::new(Fill::default());
+        if answered > 0 {
+            fill.committed(answered);
+        }
+        tokio::spawn(batches(rx, CancellationToken::new(), Some(fill.clone()), record(false, out)));
+        (tx, sent, fill)
+    }
+
+    /// Three callers were answered by the last commit; the first comes back alone, the other two a
+    /// moment later: the batch waits for them and carries all three.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_waits_for_the_callers_the_last_commit_answered() {
+        let (tx, mut sent, _) = filling(3);
+        tx.send(pending(release(0))).await.unwrap();
+        tokio::time::sleep(Duration::from_micros(300)).await;
+        assert!(sent.try_recv().is_err(), "the batch went out before the other callers came back");
+        tx.send(pending(release(1))).await.unwrap();
+        tx.send(pending(release(2))).await.unwrap();
+        let (_, cmds, _) = sent.recv().await.unwrap();
+        assert_eq!(cmds.len(), 3, "{cmds:?}");
+    }
+
+    /// Two groups of callers: while the batch waits for the first group, the other batch in flight
+    /// commits; its callers are waited for as well, and both groups share one entry.
+    #[tokio::test(start_paused = true)]
+    async fn callers_answered_while_a_batch_waits_join_it() {
+        let (tx, mut sent, fill) = filling(2);
+        tx.send(pending(release(0))).await.unwrap();
+        tokio::time::sleep(Duration::from_micros(100)).await;
+        fill.committed(2);
+        for i in 1..4 {
+            tx.send(pending(release(i))).await.unwrap();
+        }
+        let (_, cmds, _) = sent.recv().await.unwrap();
+        assert_eq!(cmds.len(), 4, "{cmds:?}");
+    }
+
+    /// A caller that does not come back holds the batch for MAX_LINGER, no longer; with nobody
+    /// answered (one client, the first write) or one (a single client) nothing waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_waits_no_longer_than_the_linger() {
+        for (answered, waits) in [(4, MAX_LINGER), (1, Duration::ZERO), (0, Duration::ZERO)] {
+            let (tx, mut sent, _) = filling(answered);
+            let start = tokio::time::Instant::now();
+            tx.send(pending(release(0))).await.unwrap();
+            let (_, cmds, _) = sent.recv().await.unwrap();
+            assert_eq!((cmds.len(), start.elapsed()), (1, waits), "answered {answered}");
+        }
     }
 }
