@@ -65,8 +65,8 @@ fn main() {
         loadavg()
     );
     let header = format!(
-        "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>14} | {:>6} | errors",
-        "server", "handshakes/s", "p50 ms", "p99 ms", "ratio", "idle B/conn", "ratio"
+        "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>14} | {:>6} | errors",
+        "server", "handshakes/s", "p50 ms", "p99 ms", "ratio", "cpu us S ld", "idle B/conn", "ratio"
     );
     println!("{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
@@ -76,7 +76,7 @@ fn main() {
     let (mut child, addr) = bare::spawn();
     let targets = vec![Target { addr, secret: None }];
     let bare_bytes = rt.block_on(idle_raw(&targets, child.id(), idle, "bare"));
-    let hs = rt.block_on(handshakes(&targets, conc, secs, "bare"));
+    let hs = rt.block_on(handshakes(&targets, &[child.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
     rows.push(row("bare fastwebsockets", &hs, Some(bare_bytes), bare_rate, bare_bytes));
     let _ = child.kill();
@@ -93,7 +93,7 @@ fn main() {
     };
     let (c, t) = one(&rt);
     let raw = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
-    let hs = rt.block_on(handshakes(&t, conc, secs, "c1"));
+    let hs = rt.block_on(handshakes(&t, &[c.nodes[0].pid], conc, secs, "c1"));
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
     drop(c);
     let (c, t) = one(&rt);
@@ -116,7 +116,8 @@ fn main() {
         rt.block_on(futures_util::future::join_all(c.nodes.iter().map(|n| support::scrape(&n.cluster_addr))))
     };
     let before = scrape_all(&rt);
-    let hs = rt.block_on(handshakes(&t, conc, secs, "c3"));
+    let pids: Vec<u32> = c.nodes.iter().map(|n| n.pid).collect();
+    let hs = rt.block_on(handshakes(&t, &pids, conc, secs, "c3"));
     let after = scrape_all(&rt);
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
     drop(c);
@@ -135,16 +136,19 @@ fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes
     let rate = hs.rate();
     let errors = hs.errors.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ");
     println!(
-        "{name:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>14} | {:>6} | {}",
+        "{name:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>14} | {:>6} | {}",
         if hs.ok > 0 { format!("{rate:.0}") } else { "-".into() },
         hs.pct(0.50).map_or("-".into(), |v| format!("{v:.2}")),
         hs.pct(0.99).map_or("-".into(), |v| format!("{v:.2}")),
         ratio(rate, bare_rate),
+        hs.cpu_per().map_or("-".into(), |(s, l)| format!("{s:.0} {l:.0}")),
         idle_bytes.map_or("-".into(), |b| b.to_string()),
         ratio(idle_bytes.unwrap_or(0) as f64, bare_bytes as f64),
         if errors.is_empty() { "0" } else { &errors }
     );
+    let (server_cpu, loader_cpu) = hs.cpu_per().unzip();
     json!({"server": name, "handshakes_per_s": rate, "p50_ms": hs.pct(0.5), "p99_ms": hs.pct(0.99),
+           "server_cpu_us_per_handshake": server_cpu, "loader_cpu_us_per_handshake": loader_cpu,
            "idle_bytes_per_conn": idle_bytes, "errors": hs.errors})
 }
 
@@ -157,6 +161,10 @@ struct Renewals {
     /// (upper bound in seconds, renewals at or below it), ascending.
     buckets: Vec<(f64, f64)>,
     fences: f64,
+    /// Raft writes across the nodes in the run: commands, log entries (proposed batches), fsyncs.
+    commands: f64,
+    entries: f64,
+    fsyncs: f64,
 }
 
 impl Renewals {
@@ -177,6 +185,10 @@ impl Renewals {
             sum_s: delta(&format!("{}_sum", Self::METRIC)),
             buckets: bounds.into_iter().map(|(le, k)| (le, delta(&k))).collect(),
             fences: delta("gateway_fence_events_total"),
+            // Only a leader's local writes count as proposed batches; every node syncs its log.
+            commands: delta("gateway_proposed_commands_total"),
+            entries: delta("gateway_proposed_batches_total"),
+            fsyncs: delta("gateway_log_fsyncs_total"),
         }
     }
 
@@ -188,7 +200,8 @@ impl Renewals {
 
     fn json(&self) -> serde_json::Value {
         json!({"count": self.count, "mean_ms": self.mean_ms(), "p50_le_ms": self.quantile_ms(0.5),
-               "p99_le_ms": self.quantile_ms(0.99), "max_le_ms": self.quantile_ms(1.0), "fences": self.fences})
+               "p99_le_ms": self.quantile_ms(0.99), "max_le_ms": self.quantile_ms(1.0), "fences": self.fences,
+               "commands": self.commands, "entries": self.entries, "fsyncs_all_nodes": self.fsyncs})
     }
 
     fn mean_ms(&self) -> Option<f64> {
@@ -202,13 +215,17 @@ impl std::fmt::Display for Renewals {
         write!(
             f,
             "gateway 3 nodes, lease renewals during the run: {} committed, mean {} ms, p50 <= {} ms, p99 <= {} ms, \
-             max <= {} ms; fences {}",
+             max <= {} ms; fences {}; raft: {} commands in {} entries ({:.1} per entry), {} fsyncs on the three nodes",
             self.count,
             self.mean_ms().map_or("-".into(), |v| format!("{v:.1}")),
             ms(self.quantile_ms(0.5)),
             ms(self.quantile_ms(0.99)),
             ms(self.quantile_ms(1.0)),
-            self.fences
+            self.fences,
+            self.commands,
+            self.entries,
+            self.commands / self.entries.max(1.0),
+            self.fsyncs
         )
     }
 }
@@ -244,6 +261,8 @@ struct Run {
     elapsed: Duration,
     lat_us: Vec<u64>,
     errors: BTreeMap<String, u64>,
+    /// CPU time (user + system) over the run: the server's processes together, this loader.
+    cpu_us: (u64, u64),
 }
 
 impl Run {
@@ -253,6 +272,11 @@ impl Run {
         } else {
             self.ok as f64 / self.elapsed.as_secs_f64()
         }
+    }
+
+    /// CPU microseconds per handshake: the server's processes together, the loader.
+    fn cpu_per(&self) -> Option<(f64, f64)> {
+        (self.ok > 0).then(|| (self.cpu_us.0 as f64 / self.ok as f64, self.cpu_us.1 as f64 / self.ok as f64))
     }
 
     fn pct(&self, q: f64) -> Option<f64> {
@@ -288,7 +312,10 @@ async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
 }
 
 /// C tasks looping handshake + abortive close for `secs` over `targets` (task i on i mod n).
-async fn handshakes(targets: &[Target], conc: usize, secs: u64, tag: &str) -> Run {
+/// `conc` clients handshaking for `secs` against `targets`, served by the processes `pids`.
+async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, tag: &str) -> Run {
+    let cpu = || (pids.iter().map(|p| support::cpu_us(*p).unwrap_or(0)).sum::<u64>(), support::cpu_us(0).unwrap_or(0));
+    let cpu_before = cpu();
     let until = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -327,6 +354,8 @@ async fn handshakes(targets: &[Target], conc: usize, secs: u64, tag: &str) -> Ru
         }
     }
     all.elapsed = start.elapsed();
+    let cpu_after = cpu();
+    all.cpu_us = (cpu_after.0.saturating_sub(cpu_before.0), cpu_after.1.saturating_sub(cpu_before.1));
     all.lat_us.sort_unstable();
     all
 }
