@@ -311,8 +311,8 @@ async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
     }
 }
 
-/// C tasks looping handshake + abortive close for `secs` over `targets` (task i on i mod n).
-/// `conc` clients handshaking for `secs` against `targets`, served by the processes `pids`.
+/// C tasks looping handshake + abortive close for `secs` over `targets` (task i on i mod n),
+/// with the CPU time the server's processes `pids` and this loader used meanwhile.
 async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, tag: &str) -> Run {
     let cpu = || (pids.iter().map(|p| support::cpu_us(*p).unwrap_or(0)).sum::<u64>(), support::cpu_us(0).unwrap_or(0));
     let cpu_before = cpu();
