@@ -77,7 +77,7 @@ impl Machine {
             .apply(|tx| {
                 let before = state.clone();
                 let mut events = Vec::new();
-                machine::apply(state, tx, index, input, &mut events)?;
+                machine::apply(state, tx, index, input, None, &mut events)?;
                 tx.save(&before, state, b"applied")
             })
             .expect("apply");

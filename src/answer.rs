@@ -83,13 +83,15 @@ pub fn write_error(e: &ProposeError) -> Refusal {
 pub struct Accepted {
     pub version: u64,
     pub superseded: Option<Superseded>,
+    /// The device's stream head, when this node applied the claim itself (`ClaimReply`).
+    pub head: Option<u64>,
 }
 
 /// A claim's outcome: accepted, or `409 stale_attempt` naming the floor, `503 not_live`, or the
 /// write's error.
 pub fn claim(outcome: Result<ClaimReply, ProposeError>) -> Result<Accepted, Refusal> {
     match outcome {
-        Ok(ClaimReply::Accepted { version, superseded }) => Ok(Accepted { version, superseded }),
+        Ok(ClaimReply::Accepted { version, superseded, head }) => Ok(Accepted { version, superseded, head }),
         Ok(ClaimReply::Stale { floor_epoch, floor_attempt }) => {
             Err(Refusal::new(StatusCode::CONFLICT, "stale_attempt")
                 .field("floor_epoch", floor_epoch)
@@ -143,8 +145,8 @@ mod tests {
 
     #[test]
     fn one_mapping_for_every_claim_outcome() {
-        let accepted = ClaimReply::Accepted { version: 3, superseded: None };
-        assert_eq!(claim(Ok(accepted)), Ok(Accepted { version: 3, superseded: None }));
+        let accepted = ClaimReply::Accepted { version: 3, superseded: None, head: Some(7) };
+        assert_eq!(claim(Ok(accepted)), Ok(Accepted { version: 3, superseded: None, head: Some(7) }));
         let stale = claim(Ok(ClaimReply::Stale { floor_epoch: 2, floor_attempt: 9 })).unwrap_err();
         assert_eq!((stale.status, stale.retry_after), (StatusCode::CONFLICT, None));
         assert_eq!(body(&stale), serde_json::json!({"error": "stale_attempt", "floor_epoch": 2, "floor_attempt": 9}));

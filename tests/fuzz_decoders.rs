@@ -489,7 +489,11 @@ fn command() -> impl Strategy<Value = Command> {
 fn reply() -> impl Strategy<Value = Result<Reply, ProposeError>> {
     let (u, b) = (any::<u64>, any::<bool>);
     let claim = (0u8..3, u64s(2), of(u64s(2))).prop_map(|(kind, n, s)| match kind {
-        0 => ClaimReply::Accepted { version: n[0], superseded: s.map(|s| Superseded { node: s[0], conn: s[1] }) },
+        0 => ClaimReply::Accepted {
+            version: n[0],
+            superseded: s.map(|s| Superseded { node: s[0], conn: s[1] }),
+            head: None,
+        },
         1 => ClaimReply::Stale { floor_epoch: n[0], floor_attempt: n[1] },
         _ => ClaimReply::NodeNotLive,
     });

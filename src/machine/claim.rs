@@ -21,7 +21,17 @@ pub struct Claim {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClaimReply {
     /// The route is (node, conn) at `version`; `superseded` is the connection it replaced.
-    Accepted { version: u64, superseded: Option<Superseded> },
+    Accepted {
+        version: u64,
+        superseded: Option<Superseded>,
+        /// The device's stream head as this apply left it, answered only to the node that made
+        /// the claim when it applies the claim itself (see [`super::Ctx::local`]): its handshake
+        /// announces it in `hello` without reading the stream again. Never on the wire (a
+        /// forwarded reply carries `None`): a leader's head can be ahead of what the claiming
+        /// follower has applied, and a `hello` must not announce what its own node cannot sync.
+        #[serde(skip)]
+        head: Option<u64>,
+    },
     /// Not newer than the floor: nothing changed.
     Stale { floor_epoch: u64, floor_attempt: u64 },
     /// The claiming node holds no live lease (or is not a member): nothing changed.
@@ -70,7 +80,8 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
             // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
             if let Some(r) = route.as_ref().filter(|r| r.node == node && r.conn == conn) {
                 if claim == (f.max_epoch, f.max_attempt) {
-                    return Ok(ClaimReply::Accepted { version: r.version, superseded: None });
+                    let head = local_head(cx, &device, node, true)?;
+                    return Ok(ClaimReply::Accepted { version: r.version, superseded: None, head });
                 }
             }
             return Ok(ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt });
@@ -113,9 +124,28 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
         None if floor.is_some() => cx.tables.remove_device_tenant(&device)?,
         None => {}
     }
+    let had_floor = floor.is_some();
     let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
     cx.tables.put_floor(&device, &floor)?;
-    Ok(ClaimReply::Accepted { version, superseded })
+    let head = local_head(cx, &device, node, had_floor)?;
+    Ok(ClaimReply::Accepted { version, superseded, head })
+}
+
+/// The stream head to answer a claim by `node` with: only where `node` applies its own claim.
+/// Publishing needs a floor, so a device that had none has no stream yet: head 0, no read.
+fn local_head<T: Tables>(
+    cx: &Ctx<'_, T>,
+    device: &str,
+    node: NodeId,
+    had_floor: bool,
+) -> Result<Option<u64>, T::Error> {
+    if cx.local != Some(node) {
+        return Ok(None);
+    }
+    if !had_floor {
+        return Ok(Some(0));
+    }
+    Ok(Some(cx.tables.head(device)?.map_or(0, |h| h.head)))
 }
 
 /// Deletes the device's route only if it still names `conn`.

@@ -140,6 +140,10 @@ pub struct Ctx<'a, T> {
     pub state: &'a mut State,
     pub tables: &'a mut T,
     pub events: &'a mut Vec<Event>,
+    /// The node applying, when its replies go to its own callers (None in replays and tests):
+    /// lets a reply carry what only that node may use (a claim's [`ClaimReply`] head). The
+    /// state an apply leaves never depends on it.
+    pub local: Option<NodeId>,
 }
 
 /// A command's rule: applies it and answers its own reply type.
@@ -325,13 +329,14 @@ pub enum Input {
     Commands { term: u64, cmds: Vec<Command> },
 }
 
-/// Applies the entry at log `index`. The ring version becomes `index` when the live set changed;
-/// cluster time advances to the newest stamp applied.
+/// Applies the entry at log `index` on the node `local` (see [`Ctx::local`]). The ring version
+/// becomes `index` when the live set changed; cluster time advances to the newest stamp applied.
 pub fn apply<T: Tables>(
     state: &mut State,
     tables: &mut T,
     index: u64,
     input: Input,
+    local: Option<NodeId>,
     events: &mut Vec<Event>,
 ) -> Result<Vec<Reply>, T::Error> {
     let live_before = state.live_set();
@@ -347,7 +352,7 @@ pub fn apply<T: Tables>(
             Vec::new()
         }
         Input::Commands { term, cmds } => {
-            let mut cx = Ctx { term, state: &mut *state, tables, events };
+            let mut cx = Ctx { term, state: &mut *state, tables, events, local };
             let mut replies = Vec::with_capacity(cmds.len());
             for mut cmd in cmds {
                 if let Some(at_ms) = cmd.at_ms() {

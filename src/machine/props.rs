@@ -68,7 +68,7 @@ impl Model {
                 let holder = self.routes.get(&device).filter(|r| r.node == node && r.conn == conn);
                 return match holder {
                     Some(r) if (epoch, attempt) == (f.max_epoch, f.max_attempt) => {
-                        ClaimReply::Accepted { version: r.version, superseded: None }
+                        ClaimReply::Accepted { version: r.version, superseded: None, head: None }
                     }
                     _ => ClaimReply::Stale { floor_epoch: f.max_epoch, floor_attempt: f.max_attempt },
                 };
@@ -92,7 +92,7 @@ impl Model {
         let old = self.routes.insert(device.clone(), Route { node, conn, version });
         let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
         self.floors.insert(device, floor);
-        ClaimReply::Accepted { version, superseded: old.map(|r| Superseded { node: r.node, conn: r.conn }) }
+        ClaimReply::Accepted { version, superseded: old.map(|r| Superseded { node: r.node, conn: r.conn }), head: None }
     }
 
     fn apply(&mut self, term: u64, cmd: &Command) -> Reply {

@@ -306,3 +306,49 @@ pub fn snapshot_round_trip_keeps_streams_and_idempotency<B: Backend>() {
     assert_eq!(other.everything(), sm.everything());
     assert_eq!(empty(&other.read("z", 0, 10)), Some(head(0, 1)));
 }
+
+/// A claim applied by the node that made it answers the device's stream head as the apply left
+/// it (what that node's `hello` announces); anywhere else it answers none. The state is the same
+/// whichever node applies.
+pub fn a_claim_applied_by_its_own_node_answers_the_stream_head<B: Backend>() {
+    fn head_of(r: &Reply) -> Option<u64> {
+        match r {
+            Reply::Claim(ClaimReply::Accepted { head, .. }) => *head,
+            other => panic!("not accepted: {other:?}"),
+        }
+    }
+    let entries: Vec<Vec<Command>> = vec![
+        vec![renew(2, 0, 1 << 40)],
+        vec![claim("a", 1, 1, 1, 1)],
+        vec![pub_all("a", "{\"n\":1}", None), pub_all("a", "{\"n\":2}", None)],
+        vec![claim("a", 1, 2, 1, 2)],
+        vec![claim("a", 1, 2, 1, 2)],
+        vec![claim("a", 2, 3, 1, 3)],
+        vec![pub_all("a", "{\"n\":3}", None), claim("a", 1, 4, 1, 4), pub_all("a", "{\"n\":4}", None)],
+        vec![claim("b", 1, 5, 1, 1), claim("b", 2, 6, 1, 2)],
+    ];
+    let mut on_1 = sm_with::<B>(&[]);
+    on_1.local = Some(1);
+    let mut elsewhere = sm_with::<B>(&[]);
+    let replies: Vec<Vec<Reply>> = entries.iter().map(|e| on_1.entry(e.clone())).collect();
+    for e in &entries {
+        for r in elsewhere.entry(e.clone()) {
+            if let Reply::Claim(c @ ClaimReply::Accepted { .. }) = r {
+                assert_eq!(head_of(&Reply::Claim(c)), None, "a node answered a head for a claim it applies for others");
+            }
+        }
+    }
+    // A first claim: the device has no stream yet (publishing needs a floor).
+    assert_eq!(head_of(&replies[1][0]), Some(0));
+    // Reclaimed after two messages, and the same claim replayed.
+    assert_eq!(head_of(&replies[3][0]), Some(2));
+    assert_eq!(head_of(&replies[4][0]), Some(2));
+    // Node 2's claim: node 1 applies it for node 2, whose hello it is not.
+    assert_eq!(head_of(&replies[5][0]), None);
+    // In one entry: the message before the claim counts, the one after it is pushed.
+    assert_eq!(head_of(&replies[6][1]), Some(3));
+    assert_eq!(head_of(&replies[7][0]), Some(0));
+    assert_eq!(head_of(&replies[7][1]), None);
+    assert_eq!(bounds(&on_1.read("a", 0, 10)).0, 4);
+    assert_eq!(on_1.everything(), elsewhere.everything(), "the applying node changed the state");
+}

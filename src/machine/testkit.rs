@@ -10,8 +10,15 @@ use super::*;
 /// A backend the rules can be applied on.
 pub trait Backend: Sized {
     fn fresh() -> Self;
-    /// Applies one entry at `index` in one transaction.
-    fn apply(&mut self, state: &mut State, index: u64, input: Input, events: &mut Vec<Event>) -> Vec<Reply>;
+    /// Applies one entry at `index` in one transaction, on node `local` (see [`Ctx::local`]).
+    fn apply(
+        &mut self,
+        state: &mut State,
+        index: u64,
+        input: Input,
+        local: Option<NodeId>,
+        events: &mut Vec<Event>,
+    ) -> Vec<Reply>;
     fn route(&self, device: &str) -> (Option<Route>, Option<Floor>);
     fn stream(&self, device: &str, after: u64, limit: usize) -> StreamRead;
     /// Every row of every table.
@@ -34,8 +41,15 @@ impl Backend for MemBackend {
         MemBackend::default()
     }
 
-    fn apply(&mut self, state: &mut State, index: u64, input: Input, events: &mut Vec<Event>) -> Vec<Reply> {
-        let replies = match super::apply(state, &mut self.tables, index, input, events) {
+    fn apply(
+        &mut self,
+        state: &mut State,
+        index: u64,
+        input: Input,
+        local: Option<NodeId>,
+        events: &mut Vec<Event>,
+    ) -> Vec<Reply> {
+        let replies = match super::apply(state, &mut self.tables, index, input, local, events) {
             Ok(r) => r,
             Err(never) => match never {},
         };
@@ -84,12 +98,14 @@ pub struct Sm<B> {
     pub term: u64,
     /// Every event the applies emitted, in order.
     pub events: Vec<Event>,
+    /// The node applying (None: replies carry nothing node-local).
+    pub local: Option<NodeId>,
 }
 
 impl<B: Backend> Sm<B> {
     /// An empty state machine (no membership).
     pub fn empty() -> Self {
-        Sm { b: B::fresh(), state: State::default(), index: 0, term: 1, events: Vec::new() }
+        Sm { b: B::fresh(), state: State::default(), index: 0, term: 1, events: Vec::new(), local: None }
     }
 
     /// A state machine whose first entry makes nodes 1, 2, 3 voters, and whose leader (term 1)
@@ -109,7 +125,7 @@ impl<B: Backend> Sm<B> {
 
     fn push(&mut self, input: Input) -> Vec<Reply> {
         self.index += 1;
-        self.b.apply(&mut self.state, self.index, input, &mut self.events)
+        self.b.apply(&mut self.state, self.index, input, self.local, &mut self.events)
     }
 
     pub fn membership(&mut self, voters: &[NodeId]) {
@@ -155,10 +171,10 @@ impl<B: Backend> Sm<B> {
 
     /// Reopens the backend and checks it loads the same state.
     pub fn reopen(self) -> Self {
-        let Sm { b, state, index, term, events } = self;
+        let Sm { b, state, index, term, events, local } = self;
         let (b, loaded) = b.reopen();
         assert_eq!(loaded, state, "the reopened backend loads a different state");
-        Sm { b, state: loaded, index, term, events }
+        Sm { b, state: loaded, index, term, events, local }
     }
 
     /// A copy made through a snapshot (dump, encode, install on a fresh backend).
@@ -235,7 +251,11 @@ pub fn ack(device: &str, seq: u64) -> Command {
 }
 
 pub fn accepted(version: u64, superseded: Option<(NodeId, u64)>) -> Reply {
-    Reply::Claim(ClaimReply::Accepted { version, superseded: superseded.map(|(node, conn)| Superseded { node, conn }) })
+    Reply::Claim(ClaimReply::Accepted {
+        version,
+        superseded: superseded.map(|(node, conn)| Superseded { node, conn }),
+        head: None,
+    })
 }
 
 pub fn stale(floor_epoch: u64, floor_attempt: u64) -> Reply {
@@ -294,6 +314,7 @@ macro_rules! backend_tests {
             retention_by_count_and_age_moves_oldest_and_spares_other_devices,
             ack_trims_up_to_min_of_seq_and_head_idempotently_and_never_moves_head,
             snapshot_round_trip_keeps_streams_and_idempotency,
+            a_claim_applied_by_its_own_node_answers_the_stream_head,
         );
         $crate::machine::testkit::backend_tests!(@each $backend, tenant_tests:
             a_tenant_at_its_connection_cap_is_refused_and_others_are_not,

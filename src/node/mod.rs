@@ -152,7 +152,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
     let clock = Arc::new(ClusterClock::default());
-    let (sm, view) = StateMachine::new(state_db.clone(), loaded, metrics.clone(), clock.clone())?;
+    let (sm, view) = StateMachine::new(state_db.clone(), loaded, Some(ident.id), metrics.clone(), clock.clone())?;
     let events = sm.events();
     let t = &cfg.timing;
     let raft_config = openraft::Config {

@@ -69,13 +69,16 @@ pub struct StateMachine {
     events: broadcast::Sender<Event>,
     /// Told the cluster time of every applied state.
     clock: Arc<ClusterClock>,
+    /// This node, whose own claims are answered with its stream head (`machine::Ctx::local`).
+    me: Option<machine::NodeId>,
 }
 
 impl StateMachine {
-    /// Opens on `db` with what it loaded and publishes the first view.
+    /// Opens on `db` with what it loaded and publishes the first view; `me` is the node applying.
     pub fn new(
         db: StateDb,
         loaded: Loaded,
+        me: Option<machine::NodeId>,
         metrics: Arc<Metrics>,
         clock: Arc<ClusterClock>,
     ) -> Result<(StateMachine, watch::Receiver<Arc<ClusterView>>), StoreError> {
@@ -86,7 +89,7 @@ impl StateMachine {
             std::env::var(TEST_EVENT_CAPACITY_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(EVENT_CAPACITY);
         let (events, _) = broadcast::channel(capacity);
         let snapshots_built = Arc::default();
-        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock }, rx))
+        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock, me }, rx))
     }
 
     /// Subscribes to what applies did (kicks, sweeps, deliveries); a lagging subscriber must
@@ -129,7 +132,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if entries.is_empty() {
             return Ok(());
         }
-        let (db, mut state, mut applied) = (self.db.clone(), self.state.clone(), self.applied.clone());
+        let (db, mut state, mut applied, me) = (self.db.clone(), self.state.clone(), self.applied.clone(), self.me);
         let (responses, state, applied, events) = blocking("state apply", move || {
             db.apply(|tx| {
                 let before = state.clone();
@@ -146,7 +149,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             Input::Commands { term: entry.log_id.leader_id.term, cmds: req.cmds }
                         }
                     };
-                    let replies = machine::apply(&mut state, tx, entry.log_id.index, input, &mut events)?;
+                    let replies = machine::apply(&mut state, tx, entry.log_id.index, input, me, &mut events)?;
                     applied.last_applied = Some(entry.log_id);
                     responses.push(Response { replies });
                 }

@@ -19,7 +19,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
         let log = LogDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open log");
         let (state, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open state");
         let (sm, _view) =
-            StateMachine::new(state, loaded, Default::default(), Default::default()).expect("restore state");
+            StateMachine::new(state, loaded, None, Default::default(), Default::default()).expect("restore state");
         let log = LogStore::new(log, Default::default(), Default::default()).expect("log writer");
         Ok((dir, log, sm))
     }
@@ -58,11 +58,11 @@ async fn applied_state_and_view_survive_a_reopen() {
     ];
     {
         let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
-        let (mut sm, _view) = StateMachine::new(db, loaded, Default::default(), Default::default()).unwrap();
+        let (mut sm, _view) = StateMachine::new(db, loaded, None, Default::default(), Default::default()).unwrap();
         sm.apply(stream::iter(entries.into_iter().map(|e| Ok((e, None))))).await.unwrap();
     }
     let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
-    let (mut sm, view) = StateMachine::new(db.clone(), loaded, Default::default(), Default::default()).unwrap();
+    let (mut sm, view) = StateMachine::new(db.clone(), loaded, None, Default::default(), Default::default()).unwrap();
     let (last, stored) = sm.applied_state().await.unwrap();
     assert_eq!(last, Some(log_id(2)));
     assert_eq!(stored.log_id(), &Some(log_id(1)));
@@ -97,7 +97,7 @@ async fn claims_update_the_view_without_waking_its_watchers() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
-    let (mut sm, mut view) = StateMachine::new(db, loaded, Default::default(), Default::default()).unwrap();
+    let (mut sm, mut view) = StateMachine::new(db, loaded, None, Default::default(), Default::default()).unwrap();
     let mut index = 0;
     let cmds = |cmds: Vec<Command>| EntryPayload::Normal(Request { cmds });
     let members: BTreeMap<u64, Member> =

@@ -45,11 +45,18 @@ impl Backend for RedbBackend {
         RedbBackend { dir, db }
     }
 
-    fn apply(&mut self, state: &mut State, index: u64, input: Input, events: &mut Vec<Event>) -> Vec<Reply> {
+    fn apply(
+        &mut self,
+        state: &mut State,
+        index: u64,
+        input: Input,
+        local: Option<NodeId>,
+        events: &mut Vec<Event>,
+    ) -> Vec<Reply> {
         self.db
             .apply(|tx| {
                 let before = state.clone();
-                let replies = machine::apply(state, tx, index, input, events)?;
+                let replies = machine::apply(state, tx, index, input, local, events)?;
                 tx.save(&before, state, &encode(&(index, &state.members, &state.voters))?)?;
                 Ok(replies)
             })

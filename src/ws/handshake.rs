@@ -215,8 +215,8 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
             Err(Refusal::unavailable("unavailable").message(msg))
         }
     };
-    let version = match accepted {
-        Ok(a) => a.version,
+    let (version, head) = match accepted {
+        Ok(a) => (a.version, a.head),
         Err(r) => return g.refuse(r),
     };
 
@@ -230,9 +230,15 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     };
     g.metrics.handshakes.get_or_create(&ResultLabel { result: "accepted" }).inc();
     g.registry.accepted(conn, version);
-    // Read after the claim committed: every message up to this head is for `sync`; every later
-    // one is pushed to this connection as the log applies it.
-    let stream_head = g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head);
+    // Every message up to this head is for `sync`; every later one is pushed to this connection
+    // as the log applies it. A claim this node applied itself (it leads) answered the head as its
+    // apply left it; a forwarded one is read back here, after the claim committed (the leader's
+    // head may be ahead of what this node has applied). Either is at most this node's head now,
+    // and a push past the announced head that is not the next one starts a catch-up read.
+    let stream_head = match head {
+        Some(head) => head,
+        None => g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head),
+    };
     // Where this device goes if this node fails: placement with this node left out. Told now, it
     // saves the fleet a dial to a dead node and a redirect each, in the storm that follows.
     let view = g.cluster.view();
