@@ -165,6 +165,9 @@ struct Renewals {
     commands: f64,
     entries: f64,
     fsyncs: f64,
+    /// Where the accepted handshakes' `hello` heads came from, over the nodes: answered by the
+    /// claim's own apply (the leader's), read back (a follower's).
+    heads: [f64; 2],
 }
 
 impl Renewals {
@@ -189,6 +192,7 @@ impl Renewals {
             commands: delta("gateway_proposed_commands_total"),
             entries: delta("gateway_proposed_batches_total"),
             fsyncs: delta("gateway_log_fsyncs_total"),
+            heads: ["claim", "read"].map(|r| delta(&format!("gateway_handshake_stream_heads_total{{result=\"{r}\"}}"))),
         }
     }
 
@@ -201,7 +205,8 @@ impl Renewals {
     fn json(&self) -> serde_json::Value {
         json!({"count": self.count, "mean_ms": self.mean_ms(), "p50_le_ms": self.quantile_ms(0.5),
                "p99_le_ms": self.quantile_ms(0.99), "max_le_ms": self.quantile_ms(1.0), "fences": self.fences,
-               "commands": self.commands, "entries": self.entries, "fsyncs_all_nodes": self.fsyncs})
+               "commands": self.commands, "entries": self.entries, "fsyncs_all_nodes": self.fsyncs,
+               "stream_heads": {"claim": self.heads[0], "read": self.heads[1]}})
     }
 
     fn mean_ms(&self) -> Option<f64> {
@@ -215,7 +220,8 @@ impl std::fmt::Display for Renewals {
         write!(
             f,
             "gateway 3 nodes, lease renewals during the run: {} committed, mean {} ms, p50 <= {} ms, p99 <= {} ms, \
-             max <= {} ms; fences {}; raft: {} commands in {} entries ({:.1} per entry), {} fsyncs on the three nodes",
+             max <= {} ms; fences {}; raft: {} commands in {} entries ({:.1} per entry), {} fsyncs on the three nodes; \
+             hello heads: {} from the claim, {} read",
             self.count,
             self.mean_ms().map_or("-".into(), |v| format!("{v:.1}")),
             ms(self.quantile_ms(0.5)),
@@ -225,7 +231,9 @@ impl std::fmt::Display for Renewals {
             self.commands,
             self.entries,
             self.commands / self.entries.max(1.0),
-            self.fsyncs
+            self.fsyncs,
+            self.heads[0],
+            self.heads[1]
         )
     }
 }

@@ -53,6 +53,10 @@ pub struct Metrics {
     pub snapshots_installed: Counter,
     /// Device handshakes by result (`accepted`, `redirected`, or the refusal reason).
     pub handshakes: Family<ResultLabel, Counter>,
+    /// Accepted handshakes by where `hello`'s stream head came from: `claim` (this node applied
+    /// its own claim and the apply answered it) or `read` (a claim forwarded to the leader: read
+    /// back from this node's store after the answer).
+    pub stream_heads: Family<ResultLabel, Counter>,
     /// Backend publishes by result (`published`, `duplicate`, or the refusal reason such as
     /// `quota_exhausted`).
     pub publishes: Family<ResultLabel, Counter>,
@@ -148,6 +152,7 @@ impl Default for Metrics {
             suspicions: Counter::default(),
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
+            stream_heads: Family::default(),
             publishes: Family::default(),
             sync_pages: Family::default(),
             admitted_share: Gauge::default(),
@@ -218,6 +223,11 @@ impl Default for Metrics {
         );
         registry.register("claims", "Route claims by result", m.claims.clone());
         registry.register("handshakes", "Device handshakes by result", m.handshakes.clone());
+        registry.register(
+            "handshake_stream_heads",
+            "Accepted handshakes by where hello's stream head came from (claim, read)",
+            m.stream_heads.clone(),
+        );
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("sync_pages", "Device sync pages by result (read, busy)", m.sync_pages.clone());
         registry.register("claim_seconds", "Claim commit latency in handshakes", m.claim_seconds.clone());

@@ -235,10 +235,11 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     // apply left it; a forwarded one is read back here, after the claim committed (the leader's
     // head may be ahead of what this node has applied). Either is at most this node's head now,
     // and a push past the announced head that is not the next one starts a catch-up read.
-    let stream_head = match head {
-        Some(head) => head,
-        None => g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head),
+    let (stream_head, source) = match head {
+        Some(head) => (head, "claim"),
+        None => (g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head), "read"),
     };
+    g.metrics.stream_heads.get_or_create(&ResultLabel { result: source }).inc();
     // Where this device goes if this node fails: placement with this node left out. Told now, it
     // saves the fleet a dial to a dead node and a redirect each, in the storm that follows.
     let view = g.cluster.view();
