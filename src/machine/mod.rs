@@ -140,9 +140,9 @@ pub struct Ctx<'a, T> {
     pub state: &'a mut State,
     pub tables: &'a mut T,
     pub events: &'a mut Vec<Event>,
-    /// The node applying, when its replies go to its own callers (None in replays and tests):
-    /// lets a reply carry what only that node may use (a claim's [`ClaimReply`] head). The
-    /// state an apply leaves never depends on it.
+    /// The node applying, when callers on it wait for this entry's replies (a leader's own
+    /// proposals; None on followers, in replays and tests): lets a reply carry what only that
+    /// node may use (a claim's [`ClaimReply`] head). The state an apply leaves never depends on it.
     pub local: Option<NodeId>,
 }
 

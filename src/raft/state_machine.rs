@@ -69,7 +69,8 @@ pub struct StateMachine {
     events: broadcast::Sender<Event>,
     /// Told the cluster time of every applied state.
     clock: Arc<ClusterClock>,
-    /// This node, whose own claims are answered with its stream head (`machine::Ctx::local`).
+    /// This node, whose own claims are answered with its stream head (`machine::Ctx::local`)
+    /// when a caller here waits for them.
     me: Option<machine::NodeId>,
 }
 
@@ -133,12 +134,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Ok(());
         }
         let (db, mut state, mut applied, me) = (self.db.clone(), self.state.clone(), self.applied.clone(), self.me);
+        // Entries a caller on this node waits for (a leader's own proposals): only their replies
+        // are read, so only they are applied as this node's (a follower's own claims are answered
+        // by the leader; reading their heads here would be wasted).
+        let waited: Vec<bool> = responders.iter().map(Option::is_some).collect();
         let (responses, state, applied, events) = blocking("state apply", move || {
             db.apply(|tx| {
                 let before = state.clone();
                 let mut events = Vec::new();
                 let mut responses = Vec::with_capacity(entries.len());
-                for entry in entries {
+                for (entry, waited) in entries.into_iter().zip(waited) {
+                    let local = if waited { me } else { None };
                     let input = match entry.payload {
                         EntryPayload::Blank => Input::Blank,
                         EntryPayload::Membership(m) => {
@@ -149,7 +155,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             Input::Commands { term: entry.log_id.leader_id.term, cmds: req.cmds }
                         }
                     };
-                    let replies = machine::apply(&mut state, tx, entry.log_id.index, input, me, &mut events)?;
+                    let replies = machine::apply(&mut state, tx, entry.log_id.index, input, local, &mut events)?;
                     applied.last_applied = Some(entry.log_id);
                     responses.push(Response { replies });
                 }
