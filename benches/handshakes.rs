@@ -65,8 +65,8 @@ fn main() {
         loadavg()
     );
     let header = format!(
-        "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>14} | {:>6} | errors",
-        "server", "handshakes/s", "p50 ms", "p99 ms", "ratio", "cpu us S ld", "idle B/conn", "ratio"
+        "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>5} | {:>14} | {:>6} | errors",
+        "server", "handshakes/s", "p50 ms", "p99 ms", "ratio", "cpu us S ld", "sw S", "idle B/conn", "ratio"
     );
     println!("{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
@@ -136,12 +136,13 @@ fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes
     let rate = hs.rate();
     let errors = hs.errors.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ");
     println!(
-        "{name:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>14} | {:>6} | {}",
+        "{name:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>5} | {:>14} | {:>6} | {}",
         if hs.ok > 0 { format!("{rate:.0}") } else { "-".into() },
         hs.pct(0.50).map_or("-".into(), |v| format!("{v:.2}")),
         hs.pct(0.99).map_or("-".into(), |v| format!("{v:.2}")),
         ratio(rate, bare_rate),
         hs.cpu_per().map_or("-".into(), |(s, l)| format!("{s:.0} {l:.0}")),
+        hs.switches_per().map_or("-".into(), |s| format!("{s:.1}")),
         idle_bytes.map_or("-".into(), |b| b.to_string()),
         ratio(idle_bytes.unwrap_or(0) as f64, bare_bytes as f64),
         if errors.is_empty() { "0" } else { &errors }
@@ -149,6 +150,7 @@ fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes
     let (server_cpu, loader_cpu) = hs.cpu_per().unzip();
     json!({"server": name, "handshakes_per_s": rate, "p50_ms": hs.pct(0.5), "p99_ms": hs.pct(0.99),
            "server_cpu_us_per_handshake": server_cpu, "loader_cpu_us_per_handshake": loader_cpu,
+           "server_switches_per_handshake": hs.switches_per(),
            "idle_bytes_per_conn": idle_bytes, "errors": hs.errors})
 }
 
@@ -271,6 +273,8 @@ struct Run {
     errors: BTreeMap<String, u64>,
     /// CPU time (user + system) over the run: the server's processes together, this loader.
     cpu_us: (u64, u64),
+    /// Context switches of the server's threads over the run (every process together).
+    switches: u64,
 }
 
 impl Run {
@@ -285,6 +289,13 @@ impl Run {
     /// CPU microseconds per handshake: the server's processes together, the loader.
     fn cpu_per(&self) -> Option<(f64, f64)> {
         (self.ok > 0).then(|| (self.cpu_us.0 as f64 / self.ok as f64, self.cpu_us.1 as f64 / self.ok as f64))
+    }
+
+    /// Context switches of the server's threads per handshake: each is a thread that waited
+    /// (parked, or blocked on a lock or the disk) or was preempted, what the hand-offs between
+    /// runtimes, the blocking pool and the log writer cost beyond their CPU share.
+    fn switches_per(&self) -> Option<f64> {
+        (self.ok > 0).then(|| self.switches as f64 / self.ok as f64)
     }
 
     fn pct(&self, q: f64) -> Option<f64> {
@@ -320,10 +331,13 @@ async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
 }
 
 /// C tasks looping handshake + abortive close for `secs` over `targets` (task i on i mod n),
-/// with the CPU time the server's processes `pids` and this loader used meanwhile.
+/// with the CPU time the server's processes `pids` and this loader used meanwhile and the
+/// server's context switches.
 async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, tag: &str) -> Run {
     let cpu = || (pids.iter().map(|p| support::cpu_us(*p).unwrap_or(0)).sum::<u64>(), support::cpu_us(0).unwrap_or(0));
+    let switches = || pids.iter().map(|p| support::switches(*p)).sum::<u64>();
     let cpu_before = cpu();
+    let switches_before = switches();
     let until = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -363,6 +377,7 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
     }
     all.elapsed = start.elapsed();
     let cpu_after = cpu();
+    all.switches = switches().saturating_sub(switches_before);
     all.cpu_us = (cpu_after.0.saturating_sub(cpu_before.0), cpu_after.1.saturating_sub(cpu_before.1));
     all.lat_us.sort_unstable();
     all

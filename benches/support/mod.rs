@@ -242,6 +242,20 @@ pub fn rss(pid: u32) -> u64 {
     gateway::tools::bench::sys::rss(pid).unwrap_or(0)
 }
 
+/// Context switches (voluntary and involuntary) of every thread `pid` has now, from
+/// `/proc/<pid>/task/*/status`; 0 if unreadable. A thread that ended takes its count with it, so
+/// take the difference over a run in which the process keeps its threads (a busy one does).
+pub fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    let count = |status: String| -> u64 {
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+        };
+        field("voluntary_ctxt_switches:") + field("nonvoluntary_ctxt_switches:")
+    };
+    tasks.flatten().filter_map(|t| fs::read_to_string(t.path().join("status")).ok()).map(count).sum()
+}
+
 /// CPU time (user + system) `pid` used so far, in microseconds; `None` if unreadable. `pid` 0
 /// is this process.
 pub fn cpu_us(pid: u32) -> Option<u64> {

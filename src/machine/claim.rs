@@ -24,8 +24,9 @@ pub enum ClaimReply {
     Accepted {
         version: u64,
         superseded: Option<Superseded>,
-        /// The device's stream head as this apply left it, answered only to the node that made
-        /// the claim when it applies the claim itself (see [`super::Ctx::local`]): its handshake
+        /// The device's stream head as this apply left it, answered only where a caller on the
+        /// applying node waits for the claim (the leader's own proposals; see
+        /// [`super::Ctx::local`]): its handshake
         /// announces it in `hello` without reading the stream again. Never on the wire (a
         /// forwarded reply carries `None`): a leader's head can be ahead of what the claiming
         /// follower has applied, and a `hello` must not announce what its own node cannot sync.
