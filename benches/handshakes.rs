@@ -74,7 +74,7 @@ fn main() {
     // The reference: idle connections first, on a fresh process (memory freed by churn would be
     // reused and understate them), then handshakes.
     let (mut child, addr) = bare::spawn();
-    let targets = vec![Target { addr, secret: None }];
+    let targets = vec![Target { addr, secret: None, steer: false }];
     let bare_bytes = rt.block_on(idle_raw(&targets, child.id(), idle, "bare"));
     let hs = rt.block_on(handshakes(&targets, &[child.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
@@ -88,6 +88,7 @@ fn main() {
         let t = vec![Target {
             addr: c.nodes[0].public_addr.parse().expect("node address"),
             secret: Some(c.device_secret.clone()),
+            steer: false,
         }];
         (c, t)
     };
@@ -95,6 +96,11 @@ fn main() {
     let raw = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
     let hs = rt.block_on(handshakes(&t, &[c.nodes[0].pid], conc, secs, "c1"));
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
+    // The same node with steering on, as real devices connect: every handshake after a device's
+    // first reads its route and floor on the blocking pool before the claim (placement keeps it here).
+    let steered: Vec<Target> = t.iter().map(|t| Target { steer: true, ..t.clone() }).collect();
+    let hs = rt.block_on(handshakes(&steered, &[c.nodes[0].pid], conc, secs, "c1s"));
+    rows.push(row("gateway 1 node, steer on", &hs, None, bare_rate, bare_bytes));
     drop(c);
     let (c, t) = one(&rt);
     let client = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "client", IDLE_IN_FLIGHT));
@@ -110,7 +116,11 @@ fn main() {
     let t: Vec<Target> = c
         .nodes
         .iter()
-        .map(|n| Target { addr: n.public_addr.parse().expect("node address"), secret: Some(c.device_secret.clone()) })
+        .map(|n| Target {
+            addr: n.public_addr.parse().expect("node address"),
+            secret: Some(c.device_secret.clone()),
+            steer: false,
+        })
         .collect();
     let scrape_all = |rt: &tokio::runtime::Runtime| {
         rt.block_on(futures_util::future::join_all(c.nodes.iter().map(|n| support::scrape(&n.cluster_addr))))
@@ -245,6 +255,9 @@ struct Target {
     addr: SocketAddr,
     /// Device secret: mint a token per device (the gateway); None for the bare server.
     secret: Option<String>,
+    /// Whether the node may steer the device (`steer=on`, what real devices send: placement reads
+    /// the device's route and floor before the claim); `steer=off` skips that read.
+    steer: bool,
 }
 
 impl Target {
@@ -258,8 +271,9 @@ impl Target {
             None => String::new(),
         };
         format!(
-            "GET /ws?attempt={attempt}&steer=off HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+            "GET /ws?attempt={attempt}&steer={} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{auth}\r\n",
+            if self.steer { "on" } else { "off" },
             self.addr
         )
     }
