@@ -57,6 +57,10 @@ pub struct Metrics {
     /// its own claim and the apply answered it) or `read` (a claim forwarded to the leader: read
     /// back from this node's store after the answer).
     pub stream_heads: Family<ResultLabel, Counter>,
+    /// Placement's reads of a device's route and floor (a steered handshake, `/v1/placement`) by
+    /// where they were answered: `cache` (the store's row cache, in memory) or `store` (a read
+    /// transaction on the blocking pool: a device whose row the cache does not hold).
+    pub placement_reads: Family<ResultLabel, Counter>,
     /// Backend publishes by result (`published`, `duplicate`, or the refusal reason such as
     /// `quota_exhausted`).
     pub publishes: Family<ResultLabel, Counter>,
@@ -153,6 +157,7 @@ impl Default for Metrics {
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
             stream_heads: Family::default(),
+            placement_reads: Family::default(),
             publishes: Family::default(),
             sync_pages: Family::default(),
             admitted_share: Gauge::default(),
@@ -227,6 +232,11 @@ impl Default for Metrics {
             "handshake_stream_heads",
             "Accepted handshakes by where hello's stream head came from (claim, read)",
             m.stream_heads.clone(),
+        );
+        registry.register(
+            "placement_reads",
+            "Placement's route and floor reads by where they were answered (cache, store)",
+            m.placement_reads.clone(),
         );
         registry.register("publishes", "Backend publishes by result", m.publishes.clone());
         registry.register("sync_pages", "Device sync pages by result (read, busy)", m.sync_pages.clone());

@@ -302,6 +302,12 @@ impl Handle {
         encode(&self.inner.proposer.propose_forwarded(cmds).await).map_err(RpcError::Encode)
     }
 
+    /// A device's route and floor as applied here, if the store's row cache holds them: no read
+    /// transaction, no hop to the blocking pool. Else [`Handle::route`] reads them.
+    pub fn cached_route(&self, device: &str) -> Option<(Option<Route>, Option<Floor>)> {
+        self.inner.state.cached_route(device)
+    }
+
     /// A device's route and floor, as applied here.
     pub async fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
         let (db, device) = (self.inner.state.clone(), device.to_string());

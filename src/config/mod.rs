@@ -333,7 +333,8 @@ pub struct Config {
     pub device: DeviceConfig,
     pub scaling: ScalingConfig,
     /// Page cache of each redb database (log and state), in bytes: redb keeps read pages and
-    /// the pages of non-durable commits there, so it bounds the store's share of the node's memory.
+    /// the pages of non-durable commits there; with the state's row cache (an eighth of this) it
+    /// bounds the store's share of the node's memory.
     pub store_cache_bytes: usize,
     /// The cluster admission budget (handshakes/s, burst) a bootstrapping node commits once the
     /// cluster forms, as `gateway admission set` would; ignored on an existing cluster.
@@ -344,7 +345,8 @@ pub struct Config {
 /// Default `peers_wait_ms`: how long a guarded bootstrap keeps asking its peers.
 pub const DEFAULT_PEERS_WAIT_MS: u64 = 5000;
 
-/// Default `store_cache_mib`: per database, so the store holds at most twice this.
+/// Default `store_cache_mib`: per database, plus an eighth for the state's row cache
+/// (`store::state::ROW_CACHE_SHARE`), so the store holds at most 2 1/8 × this.
 pub const DEFAULT_STORE_CACHE_MIB: u64 = 256;
 
 #[derive(Debug, thiserror::Error)]

@@ -31,15 +31,19 @@ pub(super) struct RouteIndex {
 }
 
 impl RouteIndex {
-    /// The index of every route in `devices` (one scan).
-    pub(super) fn build(devices: &impl ReadableTable<&'static str, &'static [u8]>) -> Result<Self, StoreError> {
+    /// The index of every route in `devices` (one scan), handing each row to `each` as well.
+    pub(super) fn build(
+        devices: &impl ReadableTable<&'static str, &'static [u8]>,
+        mut each: impl FnMut(&str, DeviceRow),
+    ) -> Result<Self, StoreError> {
         let mut index = RouteIndex::default();
         for row in devices.iter()? {
             let (k, v) = row?;
             let row: DeviceRow = decode(v.value())?;
-            if let Some(route) = row.route {
+            if let Some(route) = &row.route {
                 index.by_node.entry(route.node).or_default().insert(k.value().into());
             }
+            each(k.value(), row);
         }
         Ok(index)
     }

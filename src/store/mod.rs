@@ -5,6 +5,7 @@
 
 mod index;
 pub mod log;
+mod rows;
 mod schema;
 pub mod state;
 mod txn;

@@ -64,7 +64,11 @@ impl Backend for RedbBackend {
     }
 
     fn route(&self, device: &str) -> (Option<Route>, Option<Floor>) {
-        self.db.route(device).unwrap()
+        let read = self.db.route(device).unwrap();
+        if let Some(cached) = self.db.cached_route(device) {
+            assert_eq!(cached, read, "the row cache disagrees with the table on {device}");
+        }
+        read
     }
 
     fn stream(&self, device: &str, after: u64, limit: usize) -> StreamRead {
@@ -84,6 +88,12 @@ impl Backend for RedbBackend {
             if let Some(f) = floor {
                 t.floors.insert(k.value().to_string(), f);
             }
+        }
+        // Every row the row cache holds is the table's (a row it has none of: both None).
+        let devices = txn.open_table(DEVICES).unwrap();
+        for (device, cached) in self.db.rows.iter() {
+            let row: Option<DeviceRow> = super::state::get(&devices, &*device).unwrap();
+            assert_eq!(cached, row.unwrap_or_default().split(), "the row cache disagrees with the table on {device}");
         }
         // The route index lives in memory (`store::index`), as of the last commit.
         t.node_routes = self.db.index.lock().unwrap().pairs().map(|(n, d)| (n, d.to_string())).collect();

@@ -120,8 +120,10 @@ impl<'t> StateTxn<'t> {
     }
 
     /// Writes the changed device rows (a row with neither a route nor a floor is deleted), and
-    /// hands over the moves of the route index, to apply once the transaction commits.
-    pub(super) fn write_back(&mut self) -> Result<Moves, StoreError> {
+    /// hands over the moves of the route index and the changed rows, to apply to the route index
+    /// and the row cache once the transaction commits.
+    pub(super) fn write_back(&mut self) -> Result<(Moves, Vec<(String, DeviceRow)>), StoreError> {
+        let mut changed = Vec::new();
         // Every cached row was read through the table, so it is open whenever a row is dirty.
         for (device, c) in std::mem::take(self.rows.get_mut()).into_iter().filter(|(_, c)| c.dirty) {
             let table = self.devices.get_mut(self.txn)?;
@@ -130,8 +132,9 @@ impl<'t> StateTxn<'t> {
             } else {
                 table.insert(device.as_str(), encode(&c.row)?.as_slice())?;
             }
+            changed.push((device, c.row));
         }
-        Ok(std::mem::take(&mut self.moves))
+        Ok((std::mem::take(&mut self.moves), changed))
     }
 
     /// Persists what the applies changed in memory (`before` → `after`: lease rows, cluster id,

@@ -113,7 +113,13 @@ fn with_fallback(mut exclude: Vec<NodeId>, me: NodeId) -> Vec<NodeId> {
 
 /// Where placement sends `device`, leaving out the nodes in `exclude`.
 async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
-    let (route, floor) = g.cluster.route(device).await.unwrap_or_default();
+    let cached = g.cluster.cached_route(device);
+    let source = if cached.is_some() { "cache" } else { "store" };
+    g.metrics.placement_reads.get_or_create(&ResultLabel { result: source }).inc();
+    let (route, floor) = match cached {
+        Some(row) => row,
+        None => g.cluster.route(device).await.unwrap_or_default(),
+    };
     let view = g.cluster.view();
     place(&view, device, route.as_ref(), floor.as_ref(), exclude, g.cluster.now_ms())
 }
