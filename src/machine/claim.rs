@@ -26,10 +26,10 @@ pub enum ClaimReply {
         superseded: Option<Superseded>,
         /// The device's stream head as this apply left it, answered only where a caller on the
         /// applying node waits for the claim (the leader's own proposals; see
-        /// [`super::Ctx::local`]): its handshake
-        /// announces it in `hello` without reading the stream again. Never on the wire (a
-        /// forwarded reply carries `None`): a leader's head can be ahead of what the claiming
-        /// follower has applied, and a `hello` must not announce what its own node cannot sync.
+        /// [`super::Ctx::local`]): its handshake announces it in `hello` without reading the
+        /// stream again. Never on the wire (a forwarded reply carries `None`): a leader's head
+        /// can be ahead of what the claiming follower has applied, and a `hello` must not
+        /// announce what its own node cannot sync.
         #[serde(skip)]
         head: Option<u64>,
     },
