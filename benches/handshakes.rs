@@ -56,13 +56,14 @@ fn main() {
     let conc = env_or("HANDSHAKES_BENCH_C", 64) as usize;
     let idle = env_or("HANDSHAKES_BENCH_IDLE", 2000) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let support::Floor { fsync_us, fsync3_us, rtt_us } = support::floor(500);
+    let floor = support::floor(500);
+    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us } = floor;
     println!(
         "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {} cpus, loadavg {}; \
-         floor: fdatasync p50 {fsync_us:.0} us ({fsync3_us:.0} us with three writers at once), \
-         loopback round trip p50 {rtt_us:.0} us",
+         floor: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        loadavg()
+        loadavg(),
+        floor.describe()
     );
     let header = format!(
         "{:<28} | {:>12} | {:>7} | {:>7} | {:>6} | {:>11} | {:>5} | {:>14} | {:>6} | errors",
@@ -135,7 +136,7 @@ fn main() {
     println!("{renewals}");
     println!(
         "{}",
-        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs,
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "concurrency": conc, "secs_per_run": secs,
                "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json()})
     );
 }

@@ -7,8 +7,9 @@
 //!   reply (`Claim` → `ClaimReply`, …), the rules (claims and floors, leases, sweeps, drains,
 //!   streams, the scale-in lock and declared capacity) over a small [`machine::Tables`]
 //!   interface, the apply events, and the cluster event log apply records.
-//! - [`store`] the redb schema: `log.redb` (Raft log, vote) and `state.redb`, whose tables are
-//!   listed once (`store::schema`) for open, snapshot dump, install and clear.
+//! - [`store`] the node's files: `log/` (the Raft log and vote in checksummed segment files) and
+//!   the redb schema of `state.redb`, whose tables are listed once (`store::schema`) for open,
+//!   snapshot dump, install and clear.
 //! - [`raft`] openraft adapters: type config, log store (with its in-memory tail, which the
 //!   leader's replication reads) and state machine over `store`, HTTP
 //!   network client, the receiving side of Raft RPC.

@@ -302,19 +302,36 @@ pub fn random_hex(chars: usize, seed: u64) -> String {
 
 /// The physical floor of a claim on this machine, printed beside the results, in microseconds.
 pub struct Floor {
-    /// The median 4 KiB write + fdatasync, one writer.
+    /// The median 4 KiB append + fdatasync, one writer.
     pub fsync_us: f64,
     /// The same with three writers at once, each on its own file: what the three nodes of a
     /// bench cluster pay, sharing one disk, when a claim makes each of them flush.
     pub fsync3_us: f64,
+    /// The median 4 KiB overwrite of a zero-filled file + fdatasync, one writer: how the Raft
+    /// log's segments (and PostgreSQL's WAL) are written, with no file size to record.
+    pub over_us: f64,
+    /// The same with three writers at once.
+    pub over3_us: f64,
     /// The median one-byte TCP round trip over loopback (no Nagle).
     pub rtt_us: f64,
 }
 
+impl Floor {
+    /// The floor as the benches print it.
+    pub fn describe(&self) -> String {
+        format!(
+            "fdatasync p50 {:.0} us appending, {:.0} us overwriting (three writers at once: {:.0} and {:.0} us), \
+             loopback round trip p50 {:.0} us",
+            self.fsync_us, self.over_us, self.fsync3_us, self.over3_us, self.rtt_us
+        )
+    }
+}
+
 /// `writers` threads, each writing 4 KiB and calling fdatasync `rounds` times on a file of its
-/// own in the directory the nodes write to; every call's latency in microseconds.
-fn fsync_probe(writers: usize, rounds: usize) -> Vec<f64> {
-    use std::io::Write;
+/// own in the directory the nodes write to (appending, or over a file zero-filled and synced
+/// first); every call's latency in microseconds.
+fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<f64> {
+    use std::io::{Seek, Write};
     let start = std::sync::Barrier::new(writers);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..writers)
@@ -325,6 +342,11 @@ fn fsync_probe(writers: usize, rounds: usize) -> Vec<f64> {
                     let path = std::env::temp_dir().join(name);
                     let mut f = File::create(&path).expect("create fsync probe file");
                     let block = [0x5au8; 4096];
+                    if overwrite {
+                        f.write_all(&vec![0u8; block.len() * rounds]).expect("zero-fill probe");
+                        f.sync_all().expect("sync probe");
+                        f.rewind().expect("rewind probe");
+                    }
                     start.wait();
                     let lat: Vec<f64> = (0..rounds)
                         .map(|_| {
@@ -350,8 +372,10 @@ pub fn floor(rounds: usize) -> Floor {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let fsync = fsync_probe(1, rounds);
-    let fsync3 = fsync_probe(3, rounds);
+    let fsync = fsync_probe(1, rounds, false);
+    let fsync3 = fsync_probe(3, rounds, false);
+    let over = fsync_probe(1, rounds, true);
+    let over3 = fsync_probe(3, rounds, true);
 
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
     let addr = listener.local_addr().expect("echo addr");
@@ -373,5 +397,11 @@ pub fn floor(rounds: usize) -> Floor {
         .collect();
     drop(s);
     let _ = echo.join();
-    Floor { fsync_us: median(fsync), fsync3_us: median(fsync3), rtt_us: median(rtt) }
+    Floor {
+        fsync_us: median(fsync),
+        fsync3_us: median(fsync3),
+        over_us: median(over),
+        over3_us: median(over3),
+        rtt_us: median(rtt),
+    }
 }

@@ -108,7 +108,7 @@ pub struct ServeArgs {
     /// Burst of that budget, for the whole cluster.
     #[arg(long, env = "GATEWAY_CLUSTER_ADMIT_BURST")]
     pub cluster_admit_burst: Option<u32>,
-    /// Page cache of each store database (log, state) in MiB, plus an eighth of it for the state's
+    /// Page cache of the state database (`state.redb`) in MiB, plus an eighth of it for the state's
     /// row cache (the device rows placement reads): bounds the store's memory [default: 256].
     #[arg(long, env = "GATEWAY_STORE_CACHE_MIB")]
     pub store_cache_mib: Option<u64>,

@@ -345,8 +345,9 @@ pub struct Config {
 /// Default `peers_wait_ms`: how long a guarded bootstrap keeps asking its peers.
 pub const DEFAULT_PEERS_WAIT_MS: u64 = 5000;
 
-/// Default `store_cache_mib`: per database, plus an eighth for the state's row cache
-/// (`store::state::ROW_CACHE_SHARE`), so the store holds at most 2 1/8 × this.
+/// Default `store_cache_mib`: `state.redb`'s page cache, plus an eighth for the state's row cache
+/// (`store::state::ROW_CACHE_SHARE`), so the state holds at most 1 1/8 × this (the log's files
+/// are not cached by the node: see `store::log`).
 pub const DEFAULT_STORE_CACHE_MIB: u64 = 256;
 
 #[derive(Debug, thiserror::Error)]

@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::Network;
 use crate::raft::state_machine::StateMachine;
-use crate::raft::types::Raft;
+use crate::raft::types::{LogId, Raft};
 use crate::secrets;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
@@ -145,7 +145,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
 
     let (dir, cache) = (cfg.data_dir.clone(), cfg.store_cache_bytes);
     let (log_db, (state_db, loaded)) = tokio::task::spawn_blocking(move || -> Result<_, NodeError> {
-        Ok((LogDb::open(&dir, cache)?, StateDb::open(&dir, cache)?))
+        Ok((LogDb::open::<LogId>(&dir)?, StateDb::open(&dir, cache)?))
     })
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))??;

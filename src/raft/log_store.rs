@@ -1,9 +1,10 @@
 //! openraft's `RaftLogStorage` over [`LogDb`]. An append is readable as soon as it returns (the
 //! entries go to the in-memory [`Tail`]) and durable when its callback fires: a dedicated writer
-//! thread writes queued appends in one redb transaction and one fsync, so the leader's fsync runs
-//! while the followers' appends are on the wire (openraft 0.10 replicates without waiting for the
-//! leader's own flush). Every other write and every read of redb goes through the same thread, in
-//! order. The committed log id (a replay hint) rides with the next append; the vote is cached.
+//! thread writes queued appends in one write and one `fdatasync` of the log's segment file, so the
+//! leader's flush runs while the followers' appends are on the wire (openraft 0.10 replicates
+//! without waiting for the leader's own flush). Every other write and every read of the log's
+//! files goes through the same thread, in order. The committed log id (a replay hint) rides with
+//! the next append; the vote is cached.
 
 use std::fmt::Debug;
 use std::io;
@@ -21,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::store::log::LogDb;
 use crate::store::StoreError;
 
-/// Most bytes (by [`super::tail::weight`]) one writer transaction folds from queued appends.
+/// Most bytes (by [`super::tail::weight`]) one write folds from queued appends.
 const MAX_GROUP_BYTES: usize = 8 << 20;
 
 /// Work for the writer thread, done in the order it was queued.
@@ -64,7 +65,7 @@ impl Writer {
     }
 }
 
-/// Writes queued appends in groups (one transaction, one fsync) and runs the other operations
+/// Writes queued appends in groups (one write, one `fdatasync`) and runs the other operations
 /// between them, in queue order.
 fn write_loop(db: &LogDb, rx: &mpsc::Receiver<Op>, metrics: &Metrics) {
     let mut next = rx.recv().ok();
@@ -203,7 +204,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Kept for the next append to write (openraft calls this on every commit: a write of its
-    /// own would cost every node a redb transaction per entry).
+    /// own would cost every node a flush per entry).
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         if let Some(c) = committed {
             self.committed.fetch_max(c.index, Ordering::Relaxed);

@@ -1,4 +1,4 @@
-//! openraft's storage conformance suite against the real redb-backed stores, and the adapter's
+//! openraft's storage conformance suite against the real stores (the segment log, `state.redb`), and the adapter's
 //! own persistence across a reopen.
 
 use openraft::testing::log::{StoreBuilder, Suite};
@@ -11,12 +11,12 @@ type StorageError = openraft::StorageError<TypeConfig>;
 use crate::store::log::LogDb;
 use crate::store::state::StateDb;
 
-struct RedbBuilder;
+struct StoreFiles;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for RedbBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for StoreFiles {
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError> {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = LogDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open log");
+        let log = LogDb::open::<super::types::LogId>(dir.path()).expect("open log");
         let (state, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).expect("open state");
         let (sm, _view) =
             StateMachine::new(state, loaded, None, Default::default(), Default::default()).expect("restore state");
@@ -26,8 +26,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redb_storage_passes_openraft_suite() {
-    Suite::test_all(RedbBuilder).await.expect("openraft storage suite");
+async fn stores_pass_openraft_suite() {
+    Suite::test_all(StoreFiles).await.expect("openraft storage suite");
 }
 
 /// The adapter's own persistence: what openraft asks after a restart (last applied log id,

@@ -1,7 +1,7 @@
 //! The log's tail in memory: the last entries appended, bounded in entries and in bytes, so that
 //! the leader's replication streams (one read per follower per entry) copy what they send from
-//! memory instead of reading and decoding it from redb on the blocking pool. The log on disk stays
-//! the truth: a range the tail does not hold whole is read from there.
+//! memory instead of reading and decoding it from the log's files on its writer thread. The log
+//! on disk stays the truth: a range the tail does not hold whole is read from there.
 
 use std::collections::VecDeque;
 

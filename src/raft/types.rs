@@ -22,6 +22,12 @@ openraft::declare_raft_types!(
 pub type Raft = openraft::Raft<TypeConfig, super::state_machine::StateMachine>;
 pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+
+impl crate::store::log::Indexed for LogId {
+    fn index(&self) -> u64 {
+        self.index
+    }
+}
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;

@@ -1,12 +1,14 @@
-//! The redb schema and nothing else: `log.redb` (Raft log + vote) and `state.redb` (the applied
-//! state machine's tables, listed once in `schema`). Two files because redb allows one writer
-//! per database. Knows the domain's value types, not openraft; callers run every function here on
-//! the blocking pool.
+//! The files of a node's store: `log/` (the Raft log and vote, segment files: see [`log`]) and
+//! `state.redb` (the applied state machine's tables, listed once in `schema`). Knows the domain's
+//! value types, not openraft; callers run every function here on the blocking pool or the log's
+//! writer thread.
 
 mod index;
 pub mod log;
+mod log_redb;
 mod rows;
 mod schema;
+mod segment;
 pub mod state;
 mod txn;
 
@@ -21,6 +23,8 @@ use crate::codec::CodecError;
 pub enum StoreError {
     #[error("redb: {0}")]
     Redb(#[from] redb::Error),
+    #[error("log files: {0}")]
+    Io(#[from] std::io::Error),
     #[error("codec: {0}")]
     Codec(#[from] CodecError),
     #[error("{0}")]

@@ -23,6 +23,11 @@ use super::state::RouteAndFloor;
 /// (the vectors grow by doubling, so the figure steps).
 pub(super) const ENTRY_BYTES: usize = 360;
 
+/// A typical device id's length, in the middle of the 16–36 bytes [`ENTRY_BYTES`] was measured
+/// at: it only presizes the cache's table (`bytes / (ENTRY_BYTES + TYPICAL_ID_BYTES)` items); the
+/// weights bound what it holds.
+const TYPICAL_ID_BYTES: usize = 24;
+
 /// What the cache weighs: an entry's bytes, its device id included.
 #[derive(Clone, Copy)]
 struct Bytes;
@@ -42,7 +47,7 @@ pub(super) struct RowCache {
 impl RowCache {
     /// A cache holding at most `bytes` of entries (at 16- to 36-byte ids, `bytes` / 376–396 rows).
     pub(super) fn new(bytes: usize) -> Self {
-        let items = bytes / (ENTRY_BYTES + 24);
+        let items = bytes / (ENTRY_BYTES + TYPICAL_ID_BYTES);
         RowCache { rows: Cache::with_weighter(items.max(1), bytes.max(1) as u64, Bytes) }
     }
 

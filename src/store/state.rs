@@ -105,7 +105,7 @@ pub struct StateDb {
     /// The per-node route index of the committed state: locked by an apply (applies run one at a
     /// time) and replaced by an install.
     pub(super) index: Arc<Mutex<RouteIndex>>,
-    /// The committed device rows, up to [`ROW_CACHE_SHARE`] of the page cache's bytes: written by
+    /// The committed device rows, up to 1/[`ROW_CACHE_SHARE`] of the page cache's bytes: written by
     /// an apply (under the index's lock) and refilled by an open or an install.
     pub(super) rows: Arc<RowCache>,
 }
@@ -116,7 +116,7 @@ pub const ROW_CACHE_SHARE: usize = 8;
 
 impl StateDb {
     /// Opens (or creates) `state.redb` in `dir` with a page cache of `cache_bytes` (and a row
-    /// cache of a [`ROW_CACHE_SHARE`] of that) and creates every table once. A file written in
+    /// cache of 1/[`ROW_CACHE_SHARE`] of that) and creates every table once. A file written in
     /// another layout is refused (see [`STATE_FORMAT`]).
     pub fn open(dir: &Path, cache_bytes: usize) -> Result<(StateDb, Loaded), StoreError> {
         let path = dir.join("state.redb");
