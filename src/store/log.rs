@@ -148,7 +148,8 @@ impl Inner {
         if stop > zeroed {
             // Past the zero fill: the write fills on to the next chunk's end.
             zeroed = stop.div_ceil(ZERO_CHUNK) * ZERO_CHUNK;
-            buf.resize((zeroed - self.end) as usize, 0);
+            // From the allocator, zeroed (see `segment::scan` on `Vec::resize`).
+            buf.extend_from_slice(&vec![0u8; (zeroed - stop) as usize]);
         }
         let end = self.end;
         let seg = self.last_segment();
@@ -385,7 +386,6 @@ impl LogDb {
         let g = self.lock();
         let start = start.max(g.purged.as_ref().map_or(0, |p| p.0 + 1));
         let mut out = Vec::new();
-        let mut buf = Vec::new();
         for seg in &g.segments {
             let Some(last) = seg.last() else { continue };
             let (a, b) = (start.max(seg.first), end.min(last));
@@ -395,7 +395,7 @@ impl LogDb {
             let run = &seg.entries[(a - seg.first) as usize..=(b - seg.first) as usize];
             let from = run[0].0;
             let (to, n) = run[run.len() - 1];
-            buf.resize((to + RECORD_HEADER + n as u64 - from) as usize, 0);
+            let mut buf = vec![0u8; (to + RECORD_HEADER + n as u64 - from) as usize];
             seg.file.read_exact_at(&mut buf, from)?;
             for &(at, n) in run {
                 let o = (at - from + RECORD_HEADER) as usize;

@@ -118,7 +118,9 @@ pub(super) fn scan(file: &File, path: &Path, seq: u64) -> Result<Scan, StoreErro
         clean: true,
         len,
     };
-    let mut rec = Vec::new();
+    // Buffers come zeroed from the allocator (`vec![0; n]`): filling one byte by byte
+    // (`Vec::resize`) is this crate's code, unoptimised in a debug build, and records reach a MiB.
+    let mut head = [0u8; RECORD_HEADER as usize];
     loop {
         let at = s.end;
         if at + RECORD_HEADER > len {
@@ -128,18 +130,18 @@ pub(super) fn scan(file: &File, path: &Path, seq: u64) -> Result<Scan, StoreErro
             s.clean = rest.iter().all(|&b| b == 0);
             break;
         }
-        rec.resize(RECORD_HEADER as usize, 0);
-        file.read_exact_at(&mut rec, at)?;
-        if rec.iter().all(|&b| b == 0) {
+        file.read_exact_at(&mut head, at)?;
+        if head.iter().all(|&b| b == 0) {
             break;
         }
-        let (check, n, kind, index) = (u64_at(&rec, 0), u32_at(&rec, 8) as u64, rec[12], u64_at(&rec, 16));
+        let (check, n, kind, index) = (u64_at(&head, 0), u32_at(&head, 8) as u64, head[12], u64_at(&head, 16));
         let follows = s.entries.is_empty() || index == s.first + s.entries.len() as u64;
         if at + RECORD_HEADER + n > len || !matches!(kind, ENTRY | COMMITTED) || (kind == ENTRY && !follows) {
             s.clean = false;
             break;
         }
-        rec.resize((RECORD_HEADER + n) as usize, 0);
+        let mut rec = vec![0u8; (RECORD_HEADER + n) as usize];
+        rec[..RECORD_HEADER as usize].copy_from_slice(&head);
         file.read_exact_at(&mut rec[RECORD_HEADER as usize..], at + RECORD_HEADER)?;
         if xxh3_64_with_seed(&rec[8..], s.prev) != check {
             s.clean = false;
