@@ -39,6 +39,10 @@ use crate::codec::{decode, encode};
 /// The writes move to a new segment once one would take the current one past this.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 
+/// Most bytes one read of consecutive records takes (a range is read in such steps, so a read
+/// holds its entries decoded and at most this much more).
+const READ_BYTES: u64 = 8 << 20;
+
 /// A log id's index (the store stores log ids as opaque values otherwise).
 pub trait Indexed {
     fn index(&self) -> u64;
@@ -392,14 +396,22 @@ impl LogDb {
             if a > b {
                 continue;
             }
-            let run = &seg.entries[(a - seg.first) as usize..=(b - seg.first) as usize];
-            let from = run[0].0;
-            let (to, n) = run[run.len() - 1];
-            let mut buf = vec![0u8; (to + RECORD_HEADER + n as u64 - from) as usize];
-            seg.file.read_exact_at(&mut buf, from)?;
-            for &(at, n) in run {
-                let o = (at - from + RECORD_HEADER) as usize;
-                out.push(decode(&buf[o..o + n as usize])?);
+            let mut run = &seg.entries[(a - seg.first) as usize..=(b - seg.first) as usize];
+            while !run.is_empty() {
+                // One read of consecutive records, up to READ_BYTES (or one larger record).
+                let from = run[0].0;
+                let take = 1 + run[1..]
+                    .iter()
+                    .take_while(|&&(at, n)| at + RECORD_HEADER + n as u64 - from <= READ_BYTES)
+                    .count();
+                let (to, n) = run[take - 1];
+                let mut buf = vec![0u8; (to + RECORD_HEADER + n as u64 - from) as usize];
+                seg.file.read_exact_at(&mut buf, from)?;
+                for &(at, n) in &run[..take] {
+                    let o = (at - from + RECORD_HEADER) as usize;
+                    out.push(decode(&buf[o..o + n as usize])?);
+                }
+                run = &run[take..];
             }
         }
         Ok(out)

@@ -303,3 +303,16 @@ fn half_made_files_are_not_the_log() {
     drop(db);
     assert_eq!(all(&open(dir.path())), expect(1..=40));
 }
+
+/// A range is read in steps of at most READ_BYTES: every entry comes back, in order, whatever
+/// the step boundaries.
+#[test]
+fn large_ranges_read_in_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = LogDb::open_sized::<u64>(dir.path(), SEGMENT_BYTES).unwrap();
+    let big = |i: u64| format!("{i}{}", "z".repeat((READ_BYTES / 3) as usize));
+    let entries: Vec<(u64, String)> = (1..=10).map(|i| (i, big(i))).collect();
+    db.append(&entries, None::<&Option<u64>>).unwrap();
+    let want: Vec<String> = (2..=9).map(big).collect();
+    assert_eq!(db.entries::<String>(2..=9).unwrap(), want);
+}
