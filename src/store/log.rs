@@ -333,9 +333,24 @@ fn create<L: DeserializeOwned + Indexed>(dir: &Path) -> Result<(), StoreError> {
     fs::rename(&tmp, dir.join("log"))?;
     fsync_dir(dir)?;
     // An older build would open (or create) log.redb and start on a log that went backwards.
-    replace_file(dir, "log.redb", log_redb::MOVED_NOTE)?;
+    fence_older_builds(dir)?;
     if let Some(l) = legacy {
         tracing::info!(dir = %dir.display(), entries = l.entries.len(), "migrated the Raft log from log.redb to log/");
+    }
+    Ok(())
+}
+
+/// Makes `log.redb` the note an older build refuses, unless it already is. A migration that
+/// stopped between renaming `log/` into place and writing the note left the old file there.
+fn fence_older_builds(dir: &Path) -> Result<(), StoreError> {
+    let mut head = vec![0u8; log_redb::MOVED_NOTE.len()];
+    let noted = match File::open(dir.join("log.redb")) {
+        Ok(f) => f.read_exact_at(&mut head, 0).is_ok() && head == log_redb::MOVED_NOTE,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !noted {
+        replace_file(dir, "log.redb", log_redb::MOVED_NOTE)?;
     }
     Ok(())
 }
@@ -355,6 +370,7 @@ impl LogDb {
             create::<L>(dir)?;
         }
         let inner = load(&dir.join("log"), segment_bytes)?;
+        fence_older_builds(dir)?;
         Ok(LogDb { inner: Arc::new(Mutex::new(inner)) })
     }
 

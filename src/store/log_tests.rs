@@ -316,3 +316,19 @@ fn large_ranges_read_in_steps() {
     let want: Vec<String> = (2..=9).map(big).collect();
     assert_eq!(db.entries::<String>(2..=9).unwrap(), want);
 }
+
+/// A migration that stopped after `log/` was in place but before the note: the next open writes
+/// the note over the old `log.redb`, and reads the log it had.
+#[test]
+fn a_log_redb_left_beside_log_is_fenced_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path());
+    append(&db, 1..=2, None);
+    drop(db);
+    let legacy = log_redb::Legacy { entries: vec![(1, encode(&"old".to_string()).unwrap())], ..Default::default() };
+    fs::remove_file(dir.path().join("log.redb")).unwrap();
+    log_redb::write(&dir.path().join("log.redb"), &legacy).unwrap();
+    let db = open(dir.path());
+    assert_eq!(all(&db), expect(1..=2), "log/ is the log; the old file is not read again");
+    assert!(fs::read(dir.path().join("log.redb")).unwrap().starts_with(log_redb::MOVED_NOTE));
+}
