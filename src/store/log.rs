@@ -289,16 +289,15 @@ fn load(dir: &Path, segment_bytes: u64) -> Result<Inner, StoreError> {
 /// Creates `log/` in `dir`, with what a `log.redb` there held.
 fn create<L: DeserializeOwned + Indexed>(dir: &Path) -> Result<(), StoreError> {
     let legacy_path = dir.join("log.redb");
-    let legacy = match fs::read(&legacy_path) {
-        Ok(b) if b.starts_with(log_redb::MOVED_NOTE) => {
+    let legacy = match noted(dir)? {
+        Some(true) => {
             return Err(corrupt(format!(
                 "{}: missing, and log.redb says the Raft log moved there",
                 dir.join("log").display()
             )));
         }
-        Ok(_) => Some(log_redb::read(&legacy_path)?),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e.into()),
+        Some(false) => Some(log_redb::read(&legacy_path)?),
+        None => None,
     };
     let tmp = dir.join("log.tmp");
     if tmp.exists() {
@@ -343,16 +342,20 @@ fn create<L: DeserializeOwned + Indexed>(dir: &Path) -> Result<(), StoreError> {
 /// Makes `log.redb` the note an older build refuses, unless it already is. A migration that
 /// stopped between renaming `log/` into place and writing the note left the old file there.
 fn fence_older_builds(dir: &Path) -> Result<(), StoreError> {
-    let mut head = vec![0u8; log_redb::MOVED_NOTE.len()];
-    let noted = match File::open(dir.join("log.redb")) {
-        Ok(f) => f.read_exact_at(&mut head, 0).is_ok() && head == log_redb::MOVED_NOTE,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-        Err(e) => return Err(e.into()),
-    };
-    if !noted {
+    if noted(dir)? != Some(true) {
         replace_file(dir, "log.redb", log_redb::MOVED_NOTE)?;
     }
     Ok(())
+}
+
+/// Whether `dir/log.redb` is the note (reading only its first bytes); `None` when there is none.
+fn noted(dir: &Path) -> Result<Option<bool>, StoreError> {
+    let mut head = vec![0u8; log_redb::MOVED_NOTE.len()];
+    match File::open(dir.join("log.redb")) {
+        Ok(f) => Ok(Some(f.read_exact_at(&mut head, 0).is_ok() && head == log_redb::MOVED_NOTE)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl LogDb {
