@@ -1,11 +1,18 @@
 //! Membership changes, run on the leader: join as learner, promote to voter while voter slots are
-//! free, leave for good. openraft serializes membership changes; we retry its `InProgress`.
+//! free, leave for good, finish a joint configuration.
+//!
+//! Two things may change the membership at once: an operator's request and the leader's own duty
+//! of finishing a joint configuration. openraft serializes the entries, but a two-step change
+//! (joint, then uniform) fails its second step with a precondition error when another change
+//! lands between its steps. So each change here (1) holds the node's [`Serial`] lock for its
+//! whole run, and (2) is re-planned from the current membership on every attempt: an attempt
+//! that finds its goal reached (by whatever change got there first) is done.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
-use openraft::ChangeMembers;
+use openraft::{ChangeMembers, Membership};
 
 use crate::machine::{Member, NodeId};
 use crate::raft::types::{Raft, TypeConfig};
@@ -26,9 +33,33 @@ pub enum MembershipError {
     Raft(String),
 }
 
+/// One membership change at a time on this node: held for a change's whole run (both steps of a
+/// joint change), so the leader's duties never slip an entry between an operator's two steps.
+#[derive(Default)]
+pub struct Serial(tokio::sync::Mutex<()>);
+
+impl Serial {
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.0.lock().await
+    }
+
+    /// The lock if no change holds it now.
+    pub fn try_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.0.try_lock().ok()
+    }
+}
+
+fn current(raft: &Raft) -> Membership<NodeId, Member> {
+    raft.metrics().borrow_watched().membership_config.membership().clone()
+}
+
+/// Whether `mem` is a joint configuration (two voter sets, between a change's steps).
+fn joint(mem: &Membership<NodeId, Member>) -> bool {
+    mem.get_joint_config().len() > 1
+}
+
 pub fn summary(raft: &Raft) -> MembershipSummary {
-    let m = raft.metrics().borrow_watched().membership_config.clone();
-    let mem = m.membership();
+    let mem = current(raft);
     let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
     let mut s = MembershipSummary::default();
     for (id, node) in mem.nodes() {
@@ -45,31 +76,31 @@ pub fn summary(raft: &Raft) -> MembershipSummary {
 /// Adds `id` as a learner unless it already is a member. Refuses a name or address clash.
 /// Returns `false` when it was already a member (a no-op).
 pub async fn add_learner(raft: &Raft, id: NodeId, member: Member, timeout: Duration) -> Result<bool, MembershipError> {
-    {
-        let m = raft.metrics().borrow_watched().membership_config.clone();
-        for (oid, om) in m.membership().nodes() {
-            if *oid == id {
-                if *om == member {
-                    return Ok(false);
-                }
-                return Err(MembershipError::Clash(format!("node id {id} is already a member as {om}, not {member}")));
+    for (oid, om) in current(raft).nodes() {
+        if *oid == id {
+            if *om == member {
+                return Ok(false);
             }
-            if om.name == member.name || om.cluster_addr == member.cluster_addr {
-                return Err(MembershipError::Clash(format!(
-                    "member {oid} ({om}) already uses the name or address of {member} (id {id}); \
-                     if that is an old identity of this node, remove it first: gateway leave --node {oid}"
-                )));
-            }
+            return Err(MembershipError::Clash(format!("node id {id} is already a member as {om}, not {member}")));
+        }
+        if om.name == member.name || om.cluster_addr == member.cluster_addr {
+            return Err(MembershipError::Clash(format!(
+                "member {oid} ({om}) already uses the name or address of {member} (id {id}); \
+                 if that is an old identity of this node, remove it first: gateway leave --node {oid}"
+            )));
         }
     }
-    retry(timeout, || raft.add_learner(id, member.clone(), false)).await?;
+    retry(timeout, || match current(raft).get_node(&id) {
+        Some(_) => None,
+        None => Some(raft.add_learner(id, member.clone(), false)),
+    })
+    .await?;
     Ok(true)
 }
 
 /// Promotes a learner to voter while fewer than `max_voters` voters exist; answers whether it is a voter.
 pub async fn promote(raft: &Raft, id: NodeId, max_voters: usize, timeout: Duration) -> Result<bool, MembershipError> {
-    let m = raft.metrics().borrow_watched().membership_config.clone();
-    let mem = m.membership();
+    let mem = current(raft);
     if mem.get_node(&id).is_none() {
         return Err(MembershipError::NotMember(id.to_string()));
     }
@@ -80,53 +111,93 @@ pub async fn promote(raft: &Raft, id: NodeId, max_voters: usize, timeout: Durati
     if voters.len() >= max_voters {
         return Ok(false);
     }
-    retry(timeout, || raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)).await?;
+    // Done once `id` is a voter of a uniform configuration; on a joint one the same change
+    // settles it (openraft applies a change to a joint configuration's last half).
+    retry(timeout, || {
+        let mem = current(raft);
+        let settled = !joint(&mem) && mem.voter_ids().any(|v| v == id);
+        (!settled).then(|| raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true))
+    })
+    .await?;
     Ok(true)
 }
 
 /// Removes `id` from the membership for good, then refills voter slots from learners.
 pub async fn remove(raft: &Raft, id: NodeId, max_voters: usize, timeout: Duration) -> Result<(), MembershipError> {
-    let m = raft.metrics().borrow_watched().membership_config.clone();
-    let mem = m.membership();
-    if mem.get_node(&id).is_none() {
+    if current(raft).get_node(&id).is_none() {
         return Err(MembershipError::NotMember(id.to_string()));
     }
-    let is_voter = mem.voter_ids().any(|v| v == id);
-    let set = BTreeSet::from([id]);
-    if is_voter {
-        retry(timeout, || raft.change_membership(ChangeMembers::RemoveVoters(set.clone()), false)).await?;
-    } else {
-        retry(timeout, || raft.change_membership(ChangeMembers::RemoveNodes(set.clone()), false)).await?;
-    }
+    retry(timeout, || {
+        // Done once `id` is in no configuration and no node list. A voter, or any joint
+        // configuration, is settled by removing it from the voters (without retaining it as a
+        // learner); a learner is removed from the nodes.
+        let mem = current(raft);
+        let set = BTreeSet::from([id]);
+        if joint(&mem) || mem.voter_ids().any(|v| v == id) {
+            Some(raft.change_membership(ChangeMembers::RemoveVoters(set), false))
+        } else if mem.get_node(&id).is_some() {
+            Some(raft.change_membership(ChangeMembers::RemoveNodes(set), false))
+        } else {
+            None
+        }
+    })
+    .await?;
     refill_voters(raft, max_voters, timeout).await
 }
 
 /// Promotes learners (lowest id first) until `max_voters` voters exist or none is left.
 pub async fn refill_voters(raft: &Raft, max_voters: usize, timeout: Duration) -> Result<(), MembershipError> {
-    let s = summary(raft);
-    let free = max_voters.saturating_sub(s.voters.len());
-    let add: BTreeSet<NodeId> = s.learners.iter().take(free).map(|(id, _)| *id).collect();
-    if add.is_empty() {
-        return Ok(());
-    }
-    retry(timeout, || raft.change_membership(ChangeMembers::AddVoterIds(add.clone()), true)).await
+    retry(timeout, || {
+        let s = summary(raft);
+        let free = max_voters.saturating_sub(s.voters.len());
+        let add: BTreeSet<NodeId> = s.learners.iter().take(free).map(|(id, _)| *id).collect();
+        (!add.is_empty()).then(|| raft.change_membership(ChangeMembers::AddVoterIds(add), true))
+    })
+    .await
 }
 
-/// Finishes a joint configuration a previous leader left behind.
+/// Finishes a joint configuration a previous leader left behind; whether there was one.
 pub async fn finish_joint(raft: &Raft, timeout: Duration) -> Result<bool, MembershipError> {
-    let m = raft.metrics().borrow_watched().membership_config.clone();
-    let joint = m.membership().get_joint_config();
-    if joint.len() <= 1 {
+    if !joint(&current(raft)) {
         return Ok(false);
     }
-    let last: BTreeSet<NodeId> = joint.last().cloned().unwrap_or_default();
-    retry(timeout, || raft.change_membership(ChangeMembers::ReplaceAllVoters(last.clone()), false)).await?;
+    retry(timeout, || {
+        let mem = current(raft);
+        let last: BTreeSet<NodeId> = mem.get_joint_config().last().cloned().unwrap_or_default();
+        joint(&mem).then(|| raft.change_membership(ChangeMembers::ReplaceAllVoters(last), false))
+    })
+    .await?;
     Ok(true)
 }
 
-async fn retry<F, Fut, T>(timeout: Duration, mut op: F) -> Result<(), MembershipError>
+/// What an attempt's error means for the change.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// Wait and plan again: a change is in progress, the new leader has not committed its first
+    /// entry yet, or another change landed between this one's steps (a precondition failed).
+    Replan,
+    NotLeader,
+    Fail(String),
+}
+
+fn classify(e: &RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Next {
+    match e {
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(
+            ChangeMembershipError::InProgress(_) | ChangeMembershipError::UncommittedLeaderLog(_),
+        ))
+        | RaftError::APIError(ClientWriteError::PreconditionFailed(_)) => Next::Replan,
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_) | ClientWriteError::LogEntryDiscarded(_)) => {
+            Next::NotLeader
+        }
+        e => Next::Fail(e.to_string()),
+    }
+}
+
+/// Runs `plan`'s change until it succeeds, or `plan` finds nothing left to do (`None`: the goal
+/// holds), backing off 50 ms → 500 ms between attempts, within `timeout`.
+async fn retry<F, Fut, T>(timeout: Duration, mut plan: F) -> Result<(), MembershipError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut() -> Option<Fut>,
     Fut: std::future::Future<Output = Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
@@ -136,18 +207,21 @@ where
         if left.is_zero() {
             return Err(MembershipError::Timeout(timeout));
         }
-        match tokio::time::timeout(left, op()).await {
+        let Some(attempt) = plan() else { return Ok(()) };
+        match tokio::time::timeout(left, attempt).await {
             Err(_) => return Err(MembershipError::Timeout(timeout)),
             Ok(Ok(_)) => return Ok(()),
-            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
-                ChangeMembershipError::InProgress(_),
-            )))) => {}
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
-                return Err(MembershipError::NotLeader)
-            }
-            Ok(Err(e)) => return Err(MembershipError::Raft(e.to_string())),
+            Ok(Err(e)) => match classify(&e) {
+                Next::Replan => tracing::debug!(error = %e, "membership change: planning again"),
+                Next::NotLeader => return Err(MembershipError::NotLeader),
+                Next::Fail(m) => return Err(MembershipError::Raft(m)),
+            },
         }
         tokio::time::sleep(backoff.min(left)).await;
         backoff = (backoff * 2).min(Duration::from_millis(500));
     }
 }
+
+#[cfg(test)]
+#[path = "membership_tests.rs"]
+mod tests;

@@ -66,6 +66,8 @@ struct Inner {
     clock: Arc<ClusterClock>,
     /// When this node last took an AppendEntries (see [`Handle::since_last_append`]).
     last_append: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Held by each membership change for its whole run (see [`membership::Serial`]).
+    changing: membership::Serial,
 }
 
 impl Inner {
@@ -111,7 +113,19 @@ impl Handle {
         let Parts { me, member, raft, proposer, state, view, timing, committed, clock } = p;
         let last_append = std::sync::Mutex::new(None);
         Handle {
-            inner: Arc::new(Inner { me, member, raft, proposer, state, view, timing, committed, clock, last_append }),
+            inner: Arc::new(Inner {
+                me,
+                member,
+                raft,
+                proposer,
+                state,
+                view,
+                timing,
+                committed,
+                clock,
+                last_append,
+                changing: membership::Serial::default(),
+            }),
         }
     }
 
@@ -406,23 +420,28 @@ impl Handle {
 
     /// Leader only: adds a learner; false when it already was a member.
     pub async fn add_learner(&self, id: NodeId, member: Member) -> Result<bool, MembershipError> {
+        let _one = self.inner.changing.lock().await;
         membership::add_learner(&self.inner.raft, id, member, self.op_timeout()).await
     }
 
     /// Leader only: promotes a learner while voter slots are free; whether it is a voter.
     pub async fn promote(&self, id: NodeId) -> Result<bool, MembershipError> {
+        let _one = self.inner.changing.lock().await;
         membership::promote(&self.inner.raft, id, self.inner.timing.max_voters, self.op_timeout()).await
     }
 
     /// Leader only: removes a member for good and refills voter slots from learners.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), MembershipError> {
+        let _one = self.inner.changing.lock().await;
         membership::remove(&self.inner.raft, id, self.inner.timing.max_voters, self.op_timeout()).await
     }
 
-    /// Leader only: finishes a joint configuration a previous leader left, within the propose
-    /// timeout (a new leader's first sweep waits for it); whether there was one.
+    /// Leader only: finishes a joint configuration a previous leader (or a change cut short) left,
+    /// within the propose timeout; whether there was one. Skipped while another change runs: that
+    /// change holds the lock until its configuration is uniform, and the next call looks again.
     pub async fn finish_joint(&self) -> Result<bool, MembershipError> {
         let timeout = Duration::from_millis(self.inner.timing.propose_timeout_ms);
+        let Some(_one) = self.inner.changing.try_lock() else { return Ok(false) };
         membership::finish_joint(&self.inner.raft, timeout).await
     }
 

@@ -267,16 +267,23 @@ pub async fn leader_loop(cluster: Handle, timing: Timing, metrics: Arc<Metrics>,
                     tracing::warn!(error = %e, "leader: recording the cluster id failed");
                 }
             }
-            match cluster.finish_joint().await {
-                Ok(true) => tracing::info!("leader: finished a joint membership change left by a previous leader"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "leader: finishing a joint membership change failed"),
-            }
+            finish_joint(&cluster).await;
             continue;
         }
         if swept_tick {
             sweep(&cluster, &metrics).await;
+            finish_joint(&cluster).await;
         }
+    }
+}
+
+/// Settles a joint membership a previous leader, or a change cut short, left behind (at once when
+/// elected, then on every sweep tick: a no-op read while the configuration is uniform).
+async fn finish_joint(cluster: &Handle) {
+    match cluster.finish_joint().await {
+        Ok(true) => tracing::info!("leader: finished a joint membership change left unfinished"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "leader: finishing a joint membership change failed"),
     }
 }
 
