@@ -193,8 +193,10 @@ fn classify(e: &RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Next {
     }
 }
 
-/// Runs `plan`'s change until it succeeds, or `plan` finds nothing left to do (`None`: the goal
-/// holds), backing off 50 ms → 500 ms between attempts, within `timeout`.
+/// Runs `plan`'s changes until `plan` finds nothing left to do (`None`: the goal holds, reached by
+/// this change or by another), backing off 50 ms → 500 ms after a refused attempt, within
+/// `timeout`. A change that succeeds is planned again at once: one applied to a joint
+/// configuration may only have settled it.
 async fn retry<F, Fut, T>(timeout: Duration, mut plan: F) -> Result<(), MembershipError>
 where
     F: FnMut() -> Option<Fut>,
@@ -203,14 +205,14 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let mut backoff = Duration::from_millis(50);
     loop {
+        let Some(attempt) = plan() else { return Ok(()) };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             return Err(MembershipError::Timeout(timeout));
         }
-        let Some(attempt) = plan() else { return Ok(()) };
         match tokio::time::timeout(left, attempt).await {
             Err(_) => return Err(MembershipError::Timeout(timeout)),
-            Ok(Ok(_)) => return Ok(()),
+            Ok(Ok(_)) => continue,
             Ok(Err(e)) => match classify(&e) {
                 Next::Replan => tracing::debug!(error = %e, "membership change: planning again"),
                 Next::NotLeader => return Err(MembershipError::NotLeader),
