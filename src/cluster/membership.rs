@@ -4,8 +4,8 @@
 //! Two things may change the membership at once: an operator's request and the leader's own duty
 //! of finishing a joint configuration. openraft serializes the entries, but a two-step change
 //! (joint, then uniform) fails its second step with a precondition error when another change
-//! lands between its steps. So each change here (1) holds the node's [`Serial`] lock for its
-//! whole run, and (2) is re-planned from the current membership on every attempt: an attempt
+//! lands between its steps. So each change here (1) holds the node's membership lock (`Handle`'s)
+//! for its whole run, and (2) is re-planned from the current membership on every attempt: an attempt
 //! that finds its goal reached (by whatever change got there first) is done.
 
 use std::collections::BTreeSet;
@@ -31,22 +31,6 @@ pub enum MembershipError {
     Timeout(Duration),
     #[error("raft: {0}")]
     Raft(String),
-}
-
-/// One membership change at a time on this node: held for a change's whole run (both steps of a
-/// joint change), so the leader's duties never slip an entry between an operator's two steps.
-#[derive(Default)]
-pub struct Serial(tokio::sync::Mutex<()>);
-
-impl Serial {
-    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.0.lock().await
-    }
-
-    /// The lock if no change holds it now.
-    pub fn try_lock(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.0.try_lock().ok()
-    }
 }
 
 fn current(raft: &Raft) -> Membership<NodeId, Member> {

@@ -66,8 +66,9 @@ struct Inner {
     clock: Arc<ClusterClock>,
     /// When this node last took an AppendEntries (see [`Handle::since_last_append`]).
     last_append: std::sync::Mutex<Option<std::time::Instant>>,
-    /// Held by each membership change for its whole run (see [`membership::Serial`]).
-    changing: membership::Serial,
+    /// One membership change at a time on this node: held by each for its whole run (both steps
+    /// of a joint change), so the leader's duties never slip an entry between an operator's two.
+    changing: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -124,7 +125,7 @@ impl Handle {
                 committed,
                 clock,
                 last_append,
-                changing: membership::Serial::default(),
+                changing: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -441,7 +442,7 @@ impl Handle {
     /// change holds the lock until its configuration is uniform, and the next call looks again.
     pub async fn finish_joint(&self) -> Result<bool, MembershipError> {
         let timeout = Duration::from_millis(self.inner.timing.propose_timeout_ms);
-        let Some(_one) = self.inner.changing.try_lock() else { return Ok(false) };
+        let Ok(_one) = self.inner.changing.try_lock() else { return Ok(false) };
         membership::finish_joint(&self.inner.raft, timeout).await
     }
 
