@@ -314,6 +314,11 @@ pub struct Floor {
     pub over3_us: f64,
     /// The median one-byte TCP round trip over loopback (no Nagle).
     pub rtt_us: f64,
+    /// The median bare replicated write (see [`quorum_probe`]): a client's request to a leader
+    /// thread, which sends it to two follower threads and flushes its own file while they flush
+    /// theirs, and answers once its flush and one follower's answer are in. The least a 1-client
+    /// claim can take here, with none of the gateway's work: the hops and the parallel flush.
+    pub quorum_us: f64,
 }
 
 impl Floor {
@@ -321,8 +326,8 @@ impl Floor {
     pub fn describe(&self) -> String {
         format!(
             "fdatasync p50 {:.0} us appending, {:.0} us overwriting (three writers at once: {:.0} and {:.0} us), \
-             loopback round trip p50 {:.0} us",
-            self.fsync_us, self.over_us, self.fsync3_us, self.over3_us, self.rtt_us
+             loopback round trip p50 {:.0} us, bare replicated write p50 {:.0} us",
+            self.fsync_us, self.over_us, self.fsync3_us, self.over3_us, self.rtt_us, self.quorum_us
         )
     }
 }
@@ -403,5 +408,120 @@ pub fn floor(rounds: usize) -> Floor {
         over_us: median(over),
         over3_us: median(over3),
         rtt_us: median(rtt),
+        quorum_us: median(quorum_probe(rounds)),
     }
+}
+
+/// A zero-filled file of `rounds` 4 KiB blocks in the directory the nodes write to, synced, and a
+/// writer that overwrites it a block a call: a Raft log segment's writes.
+struct Overwriter {
+    file: File,
+    path: PathBuf,
+}
+
+impl Overwriter {
+    fn new(name: &str, rounds: usize) -> Overwriter {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!("gateway-bench-{name}-{}", std::process::id()));
+        let mut file = File::create(&path).expect("create probe file");
+        file.write_all(&vec![0u8; 4096 * (rounds + 1)]).expect("zero-fill probe");
+        file.sync_all().expect("sync probe");
+        file.rewind().expect("rewind probe");
+        Overwriter { file, path }
+    }
+
+    fn flush_block(&mut self) {
+        use std::io::Write;
+        self.file.write_all(&[0x5au8; 4096]).expect("write probe");
+        self.file.sync_data().expect("fdatasync probe");
+    }
+}
+
+impl Drop for Overwriter {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// The bare replicated write, `rounds` times, each latency in microseconds. Four threads over
+/// loopback TCP (no Nagle), as a one-client claim crosses three nodes: the client sends 64 bytes
+/// to the leader; the leader sends them to both followers, then overwrites and `fdatasync`s a 4 KiB
+/// block of its own file; each follower reads, does the same on its own file and answers 8 bytes
+/// (read on the leader by a thread per follower, as a node's network does); the leader answers
+/// the client once its own flush and the first follower answer of that round are in.
+fn quorum_probe(rounds: usize) -> Vec<f64> {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::sync::mpsc;
+    let pair = || {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind probe");
+        let a = TcpStream::connect(listener.local_addr().expect("probe addr")).expect("connect probe");
+        let (b, _) = listener.accept().expect("accept probe");
+        for s in [&a, &b] {
+            s.set_nodelay(true).expect("nodelay");
+        }
+        (a, b)
+    };
+    let (mut client, mut leader_in) = pair();
+    let (answered, answers) = mpsc::channel::<u64>();
+    let mut to_followers = Vec::new();
+    let mut threads = Vec::new();
+    for f in 0..2 {
+        let (leader_end, mut follower_end) = pair();
+        let mut reader = leader_end.try_clone().expect("clone probe socket");
+        to_followers.push(leader_end);
+        let mut log = Overwriter::new(&format!("quorum-f{f}"), rounds);
+        threads.push(std::thread::spawn(move || {
+            let mut req = [0u8; 64];
+            while follower_end.read_exact(&mut req).is_ok() {
+                log.flush_block();
+                if follower_end.write_all(&req[..8]).is_err() {
+                    break;
+                }
+            }
+        }));
+        let answered = answered.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut ans = [0u8; 8];
+            while reader.read_exact(&mut ans).is_ok() {
+                if answered.send(u64::from_le_bytes(ans)).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    drop(answered);
+    let mut leader_log = Overwriter::new("quorum-l", rounds);
+    threads.push(std::thread::spawn(move || {
+        let mut req = [0u8; 64];
+        while leader_in.read_exact(&mut req).is_ok() {
+            for f in &mut to_followers {
+                f.write_all(&req).expect("probe append");
+            }
+            leader_log.flush_block();
+            let round = u64::from_le_bytes(req[..8].try_into().expect("8 bytes"));
+            // Answers of earlier rounds (the slower follower's) come first; skip them.
+            while answers.recv().is_ok_and(|r| r != round) {}
+            leader_in.write_all(&req[..8]).expect("probe answer");
+        }
+        // The readers hold clones of these sockets: shut them, so that the followers see the end.
+        for f in &to_followers {
+            let _ = f.shutdown(std::net::Shutdown::Both);
+        }
+    }));
+    let lat = (0..rounds as u64)
+        .map(|round| {
+            let mut req = [0u8; 64];
+            req[..8].copy_from_slice(&round.to_le_bytes());
+            let t = Instant::now();
+            client.write_all(&req).expect("probe request");
+            client.read_exact(&mut req[..8]).expect("probe reply");
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    drop(client);
+    for t in threads {
+        let _ = t.join();
+    }
+    lat
 }
