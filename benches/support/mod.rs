@@ -336,33 +336,21 @@ impl Floor {
 /// own in the directory the nodes write to (appending, or over a file zero-filled and synced
 /// first); every call's latency in microseconds.
 fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<f64> {
-    use std::io::{Seek, Write};
     let start = std::sync::Barrier::new(writers);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..writers)
             .map(|w| {
                 let start = &start;
                 scope.spawn(move || {
-                    let name = format!("gateway-bench-fsync-{}-{w}", std::process::id());
-                    let path = std::env::temp_dir().join(name);
-                    let mut f = File::create(&path).expect("create fsync probe file");
-                    let block = [0x5au8; 4096];
-                    if overwrite {
-                        f.write_all(&vec![0u8; block.len() * rounds]).expect("zero-fill probe");
-                        f.sync_all().expect("sync probe");
-                        f.rewind().expect("rewind probe");
-                    }
+                    let mut log = ProbeFile::new(&format!("fsync-{w}"), overwrite.then_some(rounds));
                     start.wait();
-                    let lat: Vec<f64> = (0..rounds)
+                    (0..rounds)
                         .map(|_| {
                             let t = Instant::now();
-                            f.write_all(&block).expect("write probe");
-                            f.sync_data().expect("fdatasync probe");
+                            log.flush_block();
                             t.elapsed().as_secs_f64() * 1e6
                         })
-                        .collect();
-                    let _ = fs::remove_file(&path);
-                    lat
+                        .collect::<Vec<f64>>()
                 })
             })
             .collect();
@@ -412,24 +400,28 @@ pub fn floor(rounds: usize) -> Floor {
     }
 }
 
-/// A zero-filled file of `rounds` 4 KiB blocks in the directory the nodes write to, synced, and a
-/// writer that overwrites it a block a call: a Raft log segment's writes.
-struct Overwriter {
+/// A probe's file in the directory the nodes write to, removed when dropped: empty (each block is
+/// appended) or, with `Some(blocks)`, zero-filled that far and synced first, so that each block
+/// overwrites (a Raft log segment's and PostgreSQL's WAL's writes: no file size to record).
+struct ProbeFile {
     file: File,
     path: PathBuf,
 }
 
-impl Overwriter {
-    fn new(name: &str, rounds: usize) -> Overwriter {
+impl ProbeFile {
+    fn new(name: &str, zero_filled: Option<usize>) -> ProbeFile {
         use std::io::Write;
         let path = std::env::temp_dir().join(format!("gateway-bench-{name}-{}", std::process::id()));
         let mut file = File::create(&path).expect("create probe file");
-        file.write_all(&vec![0u8; 4096 * (rounds + 1)]).expect("zero-fill probe");
-        file.sync_all().expect("sync probe");
-        file.rewind().expect("rewind probe");
-        Overwriter { file, path }
+        if let Some(blocks) = zero_filled {
+            file.write_all(&vec![0u8; 4096 * blocks]).expect("zero-fill probe");
+            file.sync_all().expect("sync probe");
+            file.rewind().expect("rewind probe");
+        }
+        ProbeFile { file, path }
     }
 
+    /// Writes the next 4 KiB block and `fdatasync`s.
     fn flush_block(&mut self) {
         use std::io::Write;
         self.file.write_all(&[0x5au8; 4096]).expect("write probe");
@@ -437,7 +429,7 @@ impl Overwriter {
     }
 }
 
-impl Drop for Overwriter {
+impl Drop for ProbeFile {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
     }
@@ -470,7 +462,7 @@ fn quorum_probe(rounds: usize) -> Vec<f64> {
         let (leader_end, mut follower_end) = pair();
         let mut reader = leader_end.try_clone().expect("clone probe socket");
         to_followers.push(leader_end);
-        let mut log = Overwriter::new(&format!("quorum-f{f}"), rounds);
+        let mut log = ProbeFile::new(&format!("quorum-f{f}"), Some(rounds));
         threads.push(std::thread::spawn(move || {
             let mut req = [0u8; 64];
             while follower_end.read_exact(&mut req).is_ok() {
@@ -491,7 +483,7 @@ fn quorum_probe(rounds: usize) -> Vec<f64> {
         }));
     }
     drop(answered);
-    let mut leader_log = Overwriter::new("quorum-l", rounds);
+    let mut leader_log = ProbeFile::new("quorum-l", Some(rounds));
     threads.push(std::thread::spawn(move || {
         let mut req = [0u8; 64];
         while leader_in.read_exact(&mut req).is_ok() {
