@@ -64,13 +64,22 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
     assert!(replaced.len() == 16 && replaced.bytes().all(|b| b.is_ascii_hexdigit()), "{replaced}");
     // A body with a field the endpoint does not take is refused without quoting it (serde's own
     // message would: "unknown field `...`").
+    // Every admin endpoint that takes JSON, with a field of the wrong type (serde's message would
+    // quote its value: `invalid type: string "..."`) or one it does not take.
     let marker = format!("zz{}", random_hex(8));
-    let bad = format!(r#"{{"rate": 1, "burst": 1, "{marker}": 1}}"#);
     let headers = [("Authorization", bearer.as_str()), ("Content-Type", "application/json")];
-    let r = http::request(addr, "POST", "/cluster/admission", &headers, Some(bad.as_bytes()), http::REQUEST_TIMEOUT)
-        .unwrap();
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("bad_json") && !r.text().contains(&marker), "{}", r.text());
+    for (path, bad) in [
+        ("/cluster/admission", format!(r#"{{"rate": 1, "burst": 1, "{marker}": 1}}"#)),
+        ("/v1/devices/ops-dev/claim", format!(r#"{{"conn": "{marker}", "attempt": 1}}"#)),
+        ("/cluster/join", format!(r#"{{"name": 7, "cluster_addr": "{marker}"}}"#)),
+        ("/cluster/promote", format!(r#"{{"node": "{marker}"}}"#)),
+        ("/cluster/scale-in/lock", format!(r#"{{"node": "{marker}"}}"#)),
+        ("/cluster/scale-in/unlock", format!(r#"{{"node": "{marker}"}}"#)),
+    ] {
+        let r = http::request(addr, "POST", path, &headers, Some(bad.as_bytes()), http::REQUEST_TIMEOUT).unwrap();
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert!(r.text().contains("bad_json") && !r.text().contains(&marker), "{path}: {}", r.text());
+    }
     // Data plane: a publish that lands logs at debug level, one refused at info.
     assert_eq!(c.publish(0, "json-dev", &serde_json::json!({"n": 1}), None).0, 200);
     assert_eq!(c.publish(0, "never-connected", &serde_json::json!({"n": 1}), None).0, 404);

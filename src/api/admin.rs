@@ -41,7 +41,7 @@ pub async fn set_admission(api: &Api, body: &[u8]) -> Resp {
     let budget = match req {
         AdmissionRequest { clear: true, .. } => None,
         AdmissionRequest { rate: Some(rate), burst: Some(burst), .. }
-            if (0.01..=1e9).contains(&rate) && (1..=1_000_000_000).contains(&burst) =>
+            if Budget { milli_rate: (rate * 1000.0).round() as u64, burst }.is_valid() =>
         {
             Some(Budget { milli_rate: (rate * 1000.0).round() as u64, burst })
         }
@@ -184,7 +184,7 @@ fn membership_error(e: MembershipError) -> Resp {
 pub async fn join(api: &Api, path: &str, body: &[u8]) -> Resp {
     let req: JoinRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e) => return bad_json(&e),
     };
     on_leader(api, path, body, || async {
         // One membership change at a time: a join waits for a scale-in in progress (a joining
@@ -212,7 +212,7 @@ pub async fn join(api: &Api, path: &str, body: &[u8]) -> Resp {
 pub async fn promote(api: &Api, path: &str, body: &[u8]) -> Resp {
     let req: PromoteRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e) => return bad_json(&e),
     };
     on_leader(api, path, body, || async {
         match api.cluster.promote(req.id).await {
@@ -229,7 +229,7 @@ pub async fn promote(api: &Api, path: &str, body: &[u8]) -> Resp {
 pub async fn leave(api: &Api, path: &str, body: &[u8]) -> Resp {
     let req: LeaveRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e) => return bad_json(&e),
     };
     on_leader(api, path, body, || async {
         let view = api.cluster.view();
@@ -320,7 +320,7 @@ pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
     }
     let req: ClaimRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
+        Err(e) => return bad_json(&e),
     };
     if req.attempt > MAX_ATTEMPT {
         return error(StatusCode::BAD_REQUEST, "bad_attempt", "attempt must be at most 2^53");

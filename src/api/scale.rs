@@ -4,7 +4,7 @@
 
 use hyper::StatusCode;
 
-use super::{error, Api};
+use super::{bad_json, error, Api};
 use crate::answer::{self, json, Resp};
 use crate::machine::{ScaleInOutcome, ScaleInReply};
 use crate::wire::{EventView, EventsReply, ScaleInLockRequest, ScaleInUnlockRequest};
@@ -41,7 +41,7 @@ pub async fn events(api: &Api, query: Option<&str>) -> Resp {
 pub async fn lock(api: &Api, body: &[u8]) -> Resp {
     let req: ScaleInLockRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     if !(1..=MAX_LOCK_TTL_MS).contains(&req.ttl_ms) {
         return error(StatusCode::BAD_REQUEST, "bad_ttl", format!("ttl_ms must be in 1..={MAX_LOCK_TTL_MS}"));
@@ -103,7 +103,7 @@ pub async fn lock(api: &Api, body: &[u8]) -> Resp {
 pub async fn unlock(api: &Api, body: &[u8]) -> Resp {
     let req: ScaleInUnlockRequest = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_json", e),
+        Err(e) => return bad_json(&e),
     };
     let outcome = match req.outcome.as_str() {
         "done" => ScaleInOutcome::Done,

@@ -14,6 +14,13 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// The budgets a cluster accepts: 0.01 to 10^9 handshakes a second, a burst of 1 to 10^9.
+    /// What the admin API refuses, the state machine ignores too (a forwarded command is not
+    /// checked on the way in), so a rate of 0 can never reach a node's token bucket.
+    pub fn is_valid(&self) -> bool {
+        (10..=1_000_000_000_000).contains(&self.milli_rate) && (1..=1_000_000_000).contains(&self.burst)
+    }
+
     /// Handshakes per second, cluster-wide.
     pub fn rate(&self) -> f64 {
         self.milli_rate as f64 / 1000.0
@@ -38,7 +45,10 @@ impl Apply for SetAdmission {
     type Reply = ();
 
     fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
-        cx.state.admission = self.budget;
+        // An out-of-range budget leaves the one in force (see `Budget::is_valid`).
+        if self.budget.is_none_or(|b| b.is_valid()) {
+            cx.state.admission = self.budget;
+        }
         Ok(())
     }
 }

@@ -133,6 +133,12 @@ pub fn the_admission_budget_is_replicated_and_survives_a_reopen<B: Backend>() {
     let set = |budget| Command::SetAdmission(SetAdmission { budget });
     assert_eq!(sm.one(set(Some(budget))), Reply::SetAdmission(()));
     assert_eq!(sm.state.admission, Some(budget));
+    // A budget the admin API would refuse (a forwarded command is not checked on the way in)
+    // leaves the one in force: a rate of 0 would stall every node's bucket.
+    for bad in [Budget { milli_rate: 0, burst: 9 }, Budget { milli_rate: 30_000, burst: 0 }] {
+        assert_eq!(sm.one(set(Some(bad))), Reply::SetAdmission(()));
+        assert_eq!(sm.state.admission, Some(budget));
+    }
     let mut sm = sm.reopen();
     assert_eq!(sm.state.admission, Some(budget));
     sm.one(set(None));

@@ -6,6 +6,18 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// The longest wait a refusal names (an hour): what a bucket that cannot refill answers.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// A rate that is not a positive number refills nothing (and refusals wait [`MAX_WAIT`]).
+fn refill_rate(rate_per_s: f64) -> f64 {
+    if rate_per_s > 0.0 {
+        rate_per_s
+    } else {
+        0.0
+    }
+}
+
 /// A token bucket: starts full with `burst` tokens and refills `rate` tokens per second.
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
@@ -19,7 +31,7 @@ impl TokenBucket {
     /// `rate_per_s` > 0 and `burst` ≥ 1 (validated by the config).
     pub fn new(rate_per_s: f64, burst: u32, now: Instant) -> TokenBucket {
         let burst = f64::from(burst.max(1));
-        TokenBucket { rate_per_s, burst, tokens: burst, last: now }
+        TokenBucket { rate_per_s: refill_rate(rate_per_s), burst, tokens: burst, last: now }
     }
 
     fn refill(&mut self, now: Instant) {
@@ -31,7 +43,7 @@ impl TokenBucket {
     /// New rate and burst from `now` on; the tokens left carry over, capped at the new burst.
     pub fn reconfigure(&mut self, rate_per_s: f64, burst: u32, now: Instant) {
         self.refill(now);
-        self.rate_per_s = rate_per_s;
+        self.rate_per_s = refill_rate(rate_per_s);
         self.burst = f64::from(burst.max(1));
         self.tokens = self.tokens.min(self.burst);
     }
@@ -48,8 +60,10 @@ impl TokenBucket {
     }
 
     /// How long until the next token (after a refill).
+    /// Never panics: a rate of 0 (or one too small to refill within `MAX_WAIT`) waits `MAX_WAIT`.
     fn wait(&self) -> Duration {
-        Duration::from_secs_f64(((1.0 - self.tokens) / self.rate_per_s).max(0.0))
+        let secs = ((1.0 - self.tokens) / self.rate_per_s).max(0.0);
+        Duration::try_from_secs_f64(secs).map_or(MAX_WAIT, |d| d.min(MAX_WAIT))
     }
 }
 
@@ -156,6 +170,16 @@ mod tests {
             assert!(b.try_take(later).is_ok());
         }
         assert!(b.try_take(later).is_err());
+    }
+
+    #[test]
+    fn a_bucket_that_cannot_refill_refuses_with_the_longest_wait_and_does_not_panic() {
+        let t0 = Instant::now();
+        for rate in [0.0, 1e-300, -1.0, f64::NAN] {
+            let mut b = TokenBucket::new(rate, 1, t0);
+            assert!(b.try_take(t0).is_ok());
+            assert_eq!(b.try_take(t0 + Duration::from_secs(1)), Err(MAX_WAIT), "rate {rate}");
+        }
     }
 
     #[test]
