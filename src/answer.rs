@@ -73,9 +73,19 @@ impl Refusal {
 /// A write that did not get a reply: `503 unavailable` + `Retry-After`, whatever the cause (no
 /// leader, timeout, a failed forward, Raft refusing or stopped), so a client moves on or retries.
 /// The write may still commit: claims are released by their caller, publishes are retried with
-/// the same `Idempotency-Key`.
+/// the same `Idempotency-Key`. The message says which of those happened, never the detail (a
+/// failed forward's text names the leader's internal address, which is not for devices or
+/// backends): that goes to the node's log at debug level.
 pub fn write_error(e: &ProposeError) -> Refusal {
-    Refusal::unavailable("unavailable").message(e)
+    let said = match e {
+        ProposeError::NoLeader => "no leader is known (election in progress?)".to_string(),
+        ProposeError::Timeout(ms) => format!("the write did not commit within {ms} ms"),
+        ProposeError::Forward(_) => "forwarding the write to the leader failed".to_string(),
+        ProposeError::Rejected(_) => "raft refused the write".to_string(),
+        ProposeError::Stopped => "the node is shutting down".to_string(),
+    };
+    tracing::debug!(error = %e, "a write got no reply");
+    Refusal::unavailable("unavailable").message(said)
 }
 
 /// An accepted claim.
@@ -165,6 +175,18 @@ mod tests {
             (rejected.status, rejected.reason, rejected.retry_after),
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable", Some(1))
         );
+    }
+
+    #[test]
+    fn a_failed_write_never_names_the_leaders_address() {
+        let inner = "request to 10.9.8.7:7001 failed: connection reset";
+        for e in [ProposeError::Forward(inner.into()), ProposeError::Rejected(inner.into())] {
+            for r in [claim(Err(e.clone())).unwrap_err(), publish(Err(e.clone())).unwrap_err()] {
+                let said = r.fields["message"].to_string();
+                assert!(!said.contains("10.9.8.7"), "{said}");
+                assert!(said.contains("raft") || said.contains("leader"), "{said}");
+            }
+        }
     }
 
     #[test]

@@ -210,10 +210,26 @@ async fn within<T>(
     }
 }
 
-/// The whole body of `resp`.
+/// The most of an answer a call reads: as much as a listener takes in a request. A peer (or
+/// whatever answers on its address) that sends more fails the call instead of filling memory.
+pub const MAX_ANSWER_BYTES: usize = MAX_RPC_BYTES;
+
+/// The whole body of `resp`, at most [`MAX_ANSWER_BYTES`].
 async fn whole(addr: &str, resp: Response<Incoming>) -> Result<Bytes, HttpError> {
-    let body = resp.into_body().collect().await;
-    Ok(body.map_err(|e| HttpError::Transport { addr: addr.to_string(), reason: e.to_string() })?.to_bytes())
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await;
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| {
+        let reason = match e.is::<http_body_util::LengthLimitError>() {
+            true => format!("the answer exceeds {MAX_ANSWER_BYTES} bytes"),
+            false => e.to_string(),
+        };
+        HttpError::Transport { addr: addr.to_string(), reason }
+    };
+    Ok(body.map_err(failed)?.to_bytes())
+}
+
+/// At most the first 200 bytes of an answer, as text, for an error message.
+pub fn excerpt(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
 }
 
 /// An error and its sources, `: `-separated.
@@ -234,6 +250,25 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_answer_larger_than_the_cap_fails_the_call_instead_of_filling_memory() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // Answers any request with a head promising twice the cap, then zeros for as long as read.
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head).await;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", 2 * MAX_ANSWER_BYTES);
+            s.write_all(head.as_bytes()).await.unwrap();
+            let zeros = vec![0u8; 1 << 16];
+            while s.write_all(&zeros).await.is_ok() {}
+        });
+        let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
+        assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");
+    }
 
     #[tokio::test]
     async fn addresses_take_the_default_scheme_and_https_needs_a_ca() {

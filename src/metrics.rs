@@ -123,6 +123,9 @@ pub struct Metrics {
     /// Ups in flight on this node, and their payload bytes.
     pub ups_in_flight: Gauge,
     pub ups_in_flight_bytes: Gauge,
+    /// Bytes of the node's publish budget held by publishes being read or answered (each its
+    /// body plus 1 KiB; `api::messages::Budget`), refreshed by each scrape.
+    pub publish_bytes_in_flight: Gauge,
     /// Per-tenant usage, refreshed by each scrape from the applied state.
     pub tenants: tenants::TenantGauges,
     /// This node's declared capacity and its utilization (connections / capacity; 0 undeclared).
@@ -196,6 +199,7 @@ impl Default for Metrics {
             upstream_breaker: Family::default(),
             ups_in_flight: Gauge::default(),
             ups_in_flight_bytes: Gauge::default(),
+            publish_bytes_in_flight: Gauge::default(),
             tenants: tenants::TenantGauges::default(),
             capacity_connections: Gauge::default(),
             utilization: Gauge::default(),
@@ -317,6 +321,11 @@ impl Default for Metrics {
         );
         registry.register("ups_in_flight", "Device ups in flight on this node", m.ups_in_flight.clone());
         registry.register("ups_in_flight_bytes", "Payload bytes of ups in flight", m.ups_in_flight_bytes.clone());
+        registry.register(
+            "publish_bytes_in_flight",
+            "Bytes of the publish budget held by publishes in flight",
+            m.publish_bytes_in_flight.clone(),
+        );
         registry.register(
             "capacity_connections",
             "Device connections this node is designed to hold (0: undeclared)",

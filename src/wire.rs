@@ -25,6 +25,26 @@ pub struct JoinRequest {
     pub member: Member,
 }
 
+impl JoinRequest {
+    /// What is wrong with the joining member, if anything, without quoting it: its name, cluster
+    /// address and public URL pass the checks a node's own configuration does (they end up in
+    /// every member's status, logs and device redirects).
+    pub fn problem(&self) -> Option<&'static str> {
+        let m = &self.member;
+        if self.id == 0 {
+            Some("id must not be 0")
+        } else if !crate::config::is_node_name(&m.name) {
+            Some("member.name must be 1-64 characters of [A-Za-z0-9._-]")
+        } else if !crate::config::is_cluster_addr(&m.cluster_addr) {
+            Some("member.cluster_addr must be host:port (or http[s]://host:port)")
+        } else if !crate::config::is_public_url(&m.public_url) {
+            Some("member.public_url must be a ws, wss, http or https URL of at most 512 printable ASCII characters")
+        } else {
+            None
+        }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PromoteRequest {
     pub id: NodeId,

@@ -46,6 +46,14 @@ fn follower_killed_is_expired_swept_fenced_and_rejoins_on_restart() {
         }
     });
 
+    // How often the leader has failed to open a replication stream (openraft logs each at warn).
+    let l = (0..3).find(|&i| ids[i] == leader_id).unwrap();
+    let leader_log = c.nodes[l].stderr_path.clone();
+    let failed_dials = || {
+        let log = std::fs::read_to_string(&leader_log).unwrap_or_default();
+        log.lines().filter(|line| line.contains("initiate-stream-replication")).count()
+    };
+    let dials_before = failed_dials();
     c.kill9(f);
     let killed_at = Instant::now();
     let after = c.wait_agreement(&survivors, TIMING.expiry_bound(), &format!("survivors to expire {f_name}"), |v| {
@@ -63,6 +71,12 @@ fn follower_killed_is_expired_swept_fenced_and_rejoins_on_restart() {
         after.ring_version
     );
     assert_eq!(after.member(&f_name).unwrap().id, ids[f], "expired, not removed: still a member");
+    // Redialled once per openraft backoff (200 ms), not in a tight loop (about a thousand times
+    // a second, a warn line each, before the first request waited for the backoff).
+    let dials = failed_dials() - dials_before;
+    let bound = 2 * killed_at.elapsed().as_millis() as usize / 200 + 10;
+    println!("the leader failed to dial {f_name} {dials} times in {:?} (bound {bound})", killed_at.elapsed());
+    assert!((1..=bound).contains(&dials), "{dials} failed dials of the killed follower (bound {bound})");
 
     // Its routes are gone (the sweep that expired it deleted them in the same entry); others stay.
     for &s in &survivors {

@@ -52,3 +52,33 @@ fn a_device_that_never_syncs_gets_every_live_push() {
     // Retention keeps two, but the pushes held for the grace were kept in memory.
     assert_eq!(messages(&mut ws, 6), (1..=6).collect::<Vec<_>>());
 }
+
+#[test]
+fn long_and_short_payloads_are_pushed_live_in_order() {
+    // Apply events carry payloads and are weighed in bytes on their way to the sessions (bounded
+    // queue, `raft::events`): long and short ones interleaved still arrive in order, whole.
+    let mut c = Cluster::new();
+    c.spawn("n1", Start::Bootstrap);
+    let mut ws = c.dial(0, "/ws?attempt=1", &Dial::token(&c.token("s3", 1))).open("device");
+    ws.hello();
+    ws.send_json(&json!({"t": "sync", "after": 0})).unwrap();
+    let body = |i: u64| match i % 2 {
+        0 => json!({ "i": i, "pad": "p".repeat(10_000) }),
+        _ => json!({ "i": i }),
+    };
+    let mut got = Vec::new();
+    for i in 1..=6 {
+        assert_eq!(c.publish_ok(&[0], "s3", &body(i), &format!("k{i}")), i);
+        while got.len() < i as usize {
+            match ws.next_event(Duration::from_secs(10)) {
+                Event::Text(v) if v["t"] == "msg" => got.push(v),
+                Event::Text(_) | Event::Ping | Event::Pong => {}
+                other => panic!("{other:?} after {} messages", got.len()),
+            }
+        }
+    }
+    for (k, v) in got.iter().enumerate() {
+        let i = k as u64 + 1;
+        assert_eq!((v["seq"].as_u64(), &v["payload"]), (Some(i), &body(i)), "message {i}");
+    }
+}

@@ -90,6 +90,7 @@ pub async fn metrics(api: &Api) -> Resp {
     m.capacity_connections.set(g(capacity));
     let here = m.connections.get().max(0) as f64;
     m.utilization.set(if capacity > 0 { here / capacity as f64 } else { 0.0 });
+    m.publish_bytes_in_flight.set(api.publishes.in_use() as i64);
     hyper::Response::builder()
         .status(StatusCode::OK)
         .header(hyper::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -186,6 +187,9 @@ pub async fn join(api: &Api, path: &str, body: &[u8]) -> Resp {
         Ok(r) => r,
         Err(e) => return bad_json(&e),
     };
+    if let Some(problem) = req.problem() {
+        return error(StatusCode::BAD_REQUEST, "bad_member", problem);
+    }
     on_leader(api, path, body, || async {
         // One membership change at a time: a join waits for a scale-in in progress (a joining
         // node retries; `gateway join` says why).

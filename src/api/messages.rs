@@ -2,13 +2,56 @@
 //! through Raft (batched like claims); the reply carries its `seq`. An `Idempotency-Key` makes a
 //! retry return the same `seq` without a second delivery.
 
+use std::sync::Arc;
+
 use hyper::StatusCode;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{bad_json, error, Api};
-use crate::answer::{self, Resp};
+use crate::answer::{self, Refusal, Resp};
 use crate::machine::Publish;
 use crate::metrics::ResultLabel;
 use crate::token::valid_device_id;
+
+/// Publishes a node holds at once when each is `max_payload_bytes` long (more when shorter).
+pub const PUBLISHES_IN_FLIGHT: usize = 256;
+
+/// What a publish costs besides its body: the request, the command, its reply.
+pub const PUBLISH_OVERHEAD: usize = 1024;
+
+/// The bytes of publish bodies a node holds at once, from the moment it starts reading one until
+/// it answers: `PUBLISHES_IN_FLIGHT × (max_payload_bytes + PUBLISH_OVERHEAD)` (16.25 MiB by
+/// default). A publish is charged its `Content-Length` (or the payload limit, sent chunked) plus
+/// the overhead before its body is read; when the budget is spent it is refused at once with
+/// `503 busy` and `Retry-After`, so backends that send faster than the log commits cost the node a
+/// bounded number of bytes, not a queue of bodies per open connection. Forwards to the leader
+/// and the proposer's queue carry only what these budgets admitted.
+pub struct Budget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+}
+
+impl Budget {
+    pub fn new(max_payload_bytes: usize) -> Budget {
+        let total = PUBLISHES_IN_FLIGHT * (max_payload_bytes + PUBLISH_OVERHEAD);
+        Budget { bytes: Arc::new(Semaphore::new(total)), total }
+    }
+
+    /// Bytes held by publishes in flight.
+    pub fn in_use(&self) -> usize {
+        self.total - self.bytes.available_permits()
+    }
+
+    /// The charge for a body of `declared` bytes, held until dropped; `503 busy` when the node
+    /// already holds its budget.
+    pub fn charge(&self, declared: usize) -> Result<OwnedSemaphorePermit, Refusal> {
+        let n = u32::try_from(declared + PUBLISH_OVERHEAD).unwrap_or(u32::MAX);
+        self.bytes.clone().try_acquire_many_owned(n).map_err(|_| {
+            let msg = format!("this node holds its {} bytes of publishes in flight; retry", self.total);
+            Refusal::unavailable("busy").message(msg)
+        })
+    }
+}
 
 /// Idempotency keys: 1-128 printable ASCII characters.
 fn valid_key(key: &str) -> bool {

@@ -2,8 +2,9 @@
 //! metrics. Every path except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
 //! <secret>` (constant-time compare); a request without one gets 401 and changes nothing. The
 //! cluster secret reaches every path; a backend secret only publishes and reads routes (403
-//! elsewhere: never Raft RPC, membership, propose or admin). Bodies are read up to what the path
-//! needs: a Raft RPC up to [`MAX_RPC_BYTES`], a publish up to `max_payload_bytes`, the rest 64 KiB.
+//! elsewhere: never Raft RPC, membership, propose or admin). Request heads are read up to
+//! [`MAX_HEAD_BYTES`]; bodies up to what the path needs: a Raft RPC or a forwarded batch up to
+//! [`MAX_RPC_BYTES`], a publish up to `max_payload_bytes`, the rest (admin) [`MAX_ADMIN_BODY`].
 //! Sees the cluster only through the typed [`Handle`]; answers through `crate::answer`.
 
 mod admin;
@@ -13,6 +14,8 @@ mod scale;
 pub mod scaling;
 mod tenants;
 pub mod ui;
+
+pub use messages::Budget as PublishBudget;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +36,16 @@ use crate::metrics::Metrics;
 use crate::secrets::BackendSecrets;
 
 /// Largest body of an admin request (a join, a claim, a leave).
-const MAX_ADMIN_BODY: usize = 64 << 10;
+pub const MAX_ADMIN_BODY: usize = 64 << 10;
+
+/// Largest request head (request line and headers) the cluster listener reads. A member's or an
+/// operator's head is under 1 KiB (a bearer secret, a path, a request id); hyper's default
+/// (~400 KiB) would let each unauthenticated connection hold that much until its head deadline.
+/// It also caps hyper's read buffer, so a forwarded batch or an append is read in 64 KiB steps.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// Longest a request other than a member's RPC may take to send its body.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who is calling, by the bearer secret.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -67,6 +79,8 @@ pub struct Api {
     pub scaling: Arc<scaling::Tracker>,
     /// The node's tasks: what a request starts that outlives it (a leader's append stream).
     pub tasks: TaskTracker,
+    /// The bytes of publishes in flight on this node.
+    pub publishes: messages::Budget,
 }
 
 /// `{"error": reason, "message": message}` with `status`.
@@ -108,8 +122,8 @@ pub async fn run(
     let what = crate::server::Listener {
         name: "cluster",
         header_read_timeout: Duration::from_secs(10),
-        // hyper's default read buffer (~400 KB) bounds request heads; bodies are bounded per path below.
-        max_head_bytes: 8192 + 4096 * 100,
+        // Bodies are bounded per path below.
+        max_head_bytes: MAX_HEAD_BYTES,
         quiet: quiet_path,
         // Claims, route lookups and publishes: the data plane.
         quiet_when_ok: |path| path.starts_with("/v1/devices/"),
@@ -157,21 +171,49 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
             None => raft_rpc::stream(api, req),
         };
     }
-    let limit = match segments.first() {
-        Some(&"raft") | Some(&"cluster") => MAX_RPC_BYTES,
-        _ if publish => api.device.max_payload_bytes,
-        _ => MAX_ADMIN_BODY,
+    // Members' RPC bodies may be large and slow (a snapshot chunk over a thin link); any other
+    // body arrives within a deadline, so that it cannot hold a connection (or a publish's charge)
+    // forever.
+    let (limit, deadline) = match segments.as_slice() {
+        ["raft", ..] | ["cluster", "propose", _] => (MAX_RPC_BYTES, None),
+        _ if publish => (api.device.max_payload_bytes, Some(BODY_READ_TIMEOUT)),
+        _ => (MAX_ADMIN_BODY, Some(BODY_READ_TIMEOUT)),
     };
     let query = req.uri().query().map(str::to_string);
     let idempotency_key =
         req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    let body = match Limited::new(req.into_body(), limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) if publish => {
+    let too_large = || {
+        if publish {
             let msg = format!("payload exceeds max_payload_bytes {limit}");
             return error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", msg);
         }
-        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", format!("{e} (at most {limit} bytes)")),
+        error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", format!("the body exceeds {limit} bytes"))
+    };
+    let declared = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    // Held until the answer: a publish's body, command and forward count against the budget.
+    let _charge = match publish.then(|| api.publishes.charge(declared.map_or(limit, |n| n as usize))) {
+        Some(Err(refusal)) => {
+            api.metrics.publishes.get_or_create(&crate::metrics::ResultLabel { result: refusal.reason }).inc();
+            return refusal.response();
+        }
+        charge => charge,
+    };
+    let read = Limited::new(req.into_body(), limit).collect();
+    let read = match deadline {
+        None => Ok(read.await),
+        Some(d) => tokio::time::timeout(d, read).await,
+    };
+    let body = match read {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(_)) => return error(StatusCode::BAD_REQUEST, "bad_body", "the body could not be read"),
+        Err(_) => {
+            let msg = format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs());
+            return error(StatusCode::REQUEST_TIMEOUT, "body_timeout", msg);
+        }
     };
     // Messages meant for one identity (Raft RPC, removal notices) name it: a wiped node answering
     // on its old address must not act on its former identity's behalf.

@@ -65,11 +65,13 @@ pub async fn add_learner(raft: &Raft, id: NodeId, member: Member, timeout: Durat
             if *om == member {
                 return Ok(false);
             }
-            return Err(MembershipError::Clash(format!("node id {id} is already a member as {om}, not {member}")));
+            return Err(MembershipError::Clash(format!(
+                "node id {id} is already a member as {om}, with another name or address than the joining node's"
+            )));
         }
         if om.name == member.name || om.cluster_addr == member.cluster_addr {
             return Err(MembershipError::Clash(format!(
-                "member {oid} ({om}) already uses the name or address of {member} (id {id}); \
+                "member {oid} ({om}) already uses the joining node's name or address (id {id}); \
                  if that is an old identity of this node, remove it first: gateway leave --node {oid}"
             )));
         }

@@ -519,7 +519,7 @@ impl Config {
     }
 }
 
-pub use validate::is_host_port;
+pub use validate::{is_cluster_addr, is_host_port, is_node_name, is_public_url};
 
 #[cfg(test)]
 mod tests;

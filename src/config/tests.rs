@@ -68,6 +68,10 @@ fn refuses_bad_values_and_unknown_keys() {
         "cluster_advertise = \"gw-1:0\"",
         "cluster_advertise = \"http://gw-1:7070\"",
         "cluster_advertise = \"-gw:7070\"",
+        "public_url = \"gw-1:8080\"",
+        "public_url = \"ftp://gw-1:8080\"",
+        "public_url = \"ws://\"",
+        "public_url = \"ws://gw 1:8080\"",
     ] {
         let file: FileConfig = toml::from_str(bad).unwrap();
         assert!(Config::merge(FileConfig::default(), file).is_err(), "{bad} accepted");
@@ -89,6 +93,9 @@ fn a_wildcard_listener_needs_an_advertised_address() {
     assert_eq!(default.cluster_addr(), "127.0.0.1:7070", "without it, the listen address");
     for ok in ["10.0.0.7:7070", "[fd00::7]:7070", "localhost:1", "n1:65535"] {
         assert!(is_host_port(ok), "{ok}");
+    }
+    for ok in ["ws://gw-1:8080", "wss://gw.example.net/devices", "https://[fd00::7]:443", "ws://127.0.0.1:8001"] {
+        assert!(is_public_url(ok), "{ok}");
     }
 }
 

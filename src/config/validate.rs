@@ -27,13 +27,15 @@ impl Config {
         if sc.scale_in_after_ms > super::MAX_DURATION_MS {
             return bad(format!("scale_in_after_ms ({}) is too long", sc.scale_in_after_ms));
         }
-        if let Some(name) = &self.name {
-            if name.is_empty()
-                || name.len() > 64
-                || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
-            }
+        if let Some(name) = self.name.as_deref().filter(|n| !is_node_name(n)) {
+            return bad(format!("name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"));
+        }
+        if let Some(url) = self.public_url.as_deref().filter(|u| !is_public_url(u)) {
+            return bad(format!(
+                "public_url: expected ws://, wss://, http:// or https:// and a host, at most {MAX_PUBLIC_URL} printable \
+                 ASCII characters, got {} characters that are not",
+                url.len()
+            ));
         }
         match &self.cluster_advertise {
             Some(addr) if !is_host_port(addr) => {
@@ -53,8 +55,7 @@ impl Config {
             _ => {}
         }
         for peer in &self.peers {
-            let bare = peer.strip_prefix("https://").or_else(|| peer.strip_prefix("http://")).unwrap_or(peer);
-            if !is_host_port(bare) {
+            if !is_cluster_addr(peer) {
                 return bad(format!("peers: expected host:port cluster addresses, got {peer:?}"));
             }
         }
@@ -172,6 +173,28 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A node name: 1-64 characters of `[A-Za-z0-9._-]`.
+pub fn is_node_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// The longest `public_url`.
+pub const MAX_PUBLIC_URL: usize = 512;
+
+/// A URL devices are sent to (it goes into redirects' `Location`): a ws, wss, http or https URL
+/// with a host, of at most [`MAX_PUBLIC_URL`] printable ASCII characters.
+pub fn is_public_url(s: &str) -> bool {
+    let rest = ["ws://", "wss://", "http://", "https://"].iter().find_map(|scheme| s.strip_prefix(scheme));
+    s.len() <= MAX_PUBLIC_URL
+        && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        && rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
+}
+
+/// A member's cluster address: `host:port`, or `http[s]://host:port`.
+pub fn is_cluster_addr(s: &str) -> bool {
+    is_host_port(s.strip_prefix("https://").or_else(|| s.strip_prefix("http://")).unwrap_or(s))
 }
 
 /// `host:port` a peer can dial: a DNS name (letters, digits, `-`, `.`), an IPv4 address or a

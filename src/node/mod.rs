@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -32,7 +32,7 @@ use crate::cluster::proposer::Proposer;
 use crate::cluster::{Handle, Parts};
 use crate::config::{Config, LogFormat};
 use crate::http::HttpClient;
-use crate::machine::{Event, Member};
+use crate::machine::Member;
 use crate::metrics::Metrics;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::Network;
@@ -91,7 +91,7 @@ pub struct Node {
     cluster: Handle,
     gate: Arc<Gate>,
     api: Arc<Api>,
-    events: broadcast::Receiver<Event>,
+    events: crate::raft::events::EventReceiver,
     mode: watch::Sender<Mode>,
     renewed: (watch::Sender<std::time::Instant>, watch::Receiver<std::time::Instant>),
     public: TcpListener,
@@ -152,7 +152,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let committed = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
     let clock = Arc::new(ClusterClock::default());
-    let (sm, view) = StateMachine::new(state_db.clone(), loaded, Some(ident.id), metrics.clone(), clock.clone())?;
+    let (mut sm, view) = StateMachine::new(state_db.clone(), loaded, Some(ident.id), metrics.clone(), clock.clone())?;
     let events = sm.events();
     let t = &cfg.timing;
     let raft_config = openraft::Config {
@@ -180,10 +180,9 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         .map_err(|e| NodeError::Raft(e.to_string()))?
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
-    let cluster_listener = TcpListener::bind(cfg.cluster_listen)
-        .await
+    let cluster_listener = crate::server::bind(cfg.cluster_listen)
         .map_err(|source| NodeError::Bind { addr: cfg.cluster_listen, source })?;
-    let public = TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
+    let public = crate::server::bind(cfg.listen).map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
 
     let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
     let (mode_tx, mode) = watch::channel(Mode::Serving);
@@ -224,6 +223,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         ui_events: Arc::default(),
         scaling: Arc::default(),
         tasks: tasks.clone(),
+        publishes: crate::api::PublishBudget::new(cfg.device.max_payload_bytes),
     });
     let d = &cfg.device;
     let upstream =

@@ -2,6 +2,7 @@
 //! adapter over `store`, the network client (HTTP, and the pipelined append stream), and the RPC service the cluster listener hands
 //! Raft messages to. The rules are in `machine`; the redb layout is in `store`.
 
+pub mod events;
 pub mod log_store;
 pub mod network;
 pub mod rpc;

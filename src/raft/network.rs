@@ -12,6 +12,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{stream_append_sequential, RPCOption, RaftNetworkFactory, RaftNetworkV2};
@@ -26,7 +27,7 @@ use serde::Serialize;
 use super::stream::{self, Link};
 use super::types::{Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::codec::{decode, encode};
-use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
+use crate::http::{excerpt, HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
 
 type RpcErr = RPCError<TypeConfig>;
@@ -101,10 +102,10 @@ impl Peer {
     fn refused<E: std::error::Error>(&self, status: hyper::StatusCode, bytes: &[u8]) -> RPCError<TypeConfig, E> {
         if status == hyper::StatusCode::CONFLICT {
             // Another identity answers on that address (a wiped node): like nobody home.
-            let msg = Msg(format!("{} is now another node: {}", self.node, String::from_utf8_lossy(bytes)));
+            let msg = Msg(format!("{} is now another node: {}", self.node, excerpt(bytes)));
             return RPCError::Unreachable(Unreachable::new(&msg));
         }
-        let msg = Msg(format!("{} answered {status}: {}", self.node, String::from_utf8_lossy(bytes)));
+        let msg = Msg(format!("{} answered {status}: {}", self.node, excerpt(bytes)));
         RPCError::Network(NetworkError::new(&msg))
     }
 
@@ -173,6 +174,15 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         S: futures_util::Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
         Box::pin(async move {
+            // The first request before anything else: openraft sleeps its backoff (after failed
+            // sessions) inside the request stream. Dialling first, a target that refuses
+            // connections (killed, its name gone from DNS) failed every session at once and the
+            // leader redialled it about a thousand times a second, logging each.
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(Box::pin(futures_util::stream::empty()) as BoxStream<'s, _>);
+            };
+            let input = futures_util::stream::iter([first]).chain(input);
             if self.http_until.is_some_and(|until| Instant::now() < until) {
                 return stream_append_sequential(self, input, option).await;
             }

@@ -11,9 +11,10 @@ use futures_util::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
 use super::blocking;
+use super::events::{self, EventReceiver, EventSender};
 use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
@@ -52,9 +53,6 @@ fn set_members(state: &mut State, m: &StoredMembership) {
     }
 }
 
-/// Apply events buffered for subscribers; one that falls further behind is told it lagged.
-const EVENT_CAPACITY: usize = 4096;
-
 /// Tests only: a smaller event buffer, so that a test can make the device side lag.
 pub const TEST_EVENT_CAPACITY_ENV: &str = "GATEWAY_TEST_EVENT_CAPACITY";
 
@@ -66,7 +64,7 @@ pub struct StateMachine {
     view: watch::Sender<Arc<ClusterView>>,
     snapshots_built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
-    events: broadcast::Sender<Event>,
+    events: EventSender,
     /// Told the cluster time of every applied state.
     clock: Arc<ClusterClock>,
     /// This node, whose own claims are answered with its stream head (`machine::Ctx::local`)
@@ -86,17 +84,20 @@ impl StateMachine {
         let (state, applied) = restore(loaded)?;
         clock.observe(state.clock_ms);
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
-        let capacity =
-            std::env::var(TEST_EVENT_CAPACITY_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(EVENT_CAPACITY);
-        let (events, _) = broadcast::channel(capacity);
+        // No consumer until `events` is called: until then, events are dropped.
+        let (events, _) = events::channel(0, 0);
         let snapshots_built = Arc::default();
         Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock, me }, rx))
     }
 
-    /// Subscribes to what applies did (kicks, sweeps, deliveries); a lagging subscriber must
-    /// reconcile.
-    pub fn events(&self) -> broadcast::Receiver<Event> {
-        self.events.subscribe()
+    /// The queue of what applies did (kicks, sweeps, deliveries) for its one consumer, which
+    /// must reconcile when told it lagged; a later call replaces the consumer.
+    pub fn events(&mut self) -> EventReceiver {
+        let capacity =
+            std::env::var(TEST_EVENT_CAPACITY_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(events::MAX_EVENTS);
+        let (tx, rx) = events::channel(capacity, events::MAX_EVENT_BYTES);
+        self.events = tx;
+        rx
     }
 
     fn publish(&mut self, state: State, applied: Applied) {
@@ -167,7 +168,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.publish(state, applied);
         for ev in events {
             // No subscriber (tests, or before the device listener starts) is fine.
-            let _ = self.events.send(ev);
+            self.events.send(ev);
         }
         for (responder, response) in responders.into_iter().zip(responses) {
             if let Some(r) = responder {
@@ -190,7 +191,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await?;
         self.metrics.snapshots_installed.inc();
-        let _ = self.events.send(Event::Installed);
+        self.events.send(Event::Installed);
         tracing::info!(last_log_id = ?applied.last_applied, "installed a snapshot from the leader");
         self.publish(state, applied);
         Ok(())

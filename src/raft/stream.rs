@@ -20,7 +20,7 @@
 //!   interval, as for an HTTP append) fails the stream and closes the connection.
 //! - Bytes: a frame is at most [`MAX_FRAME`]; a follower holds at most [`Limits::in_flight`] bytes
 //!   of requests it has not answered (it stops reading until answers go out) and closes a
-//!   connection that sends nothing for [`Limits::idle`]. An unreadable frame closes the connection
+//!   connection that sends nothing, or reads no answer, for [`Limits::idle`]. An unreadable frame closes the connection
 //!   with a log line and no answer.
 
 use std::collections::VecDeque;
@@ -281,8 +281,20 @@ pub async fn serve<F, O>(
                 break;
             }
         };
-        if out.send(Bytes::from(frame)).await.is_err() {
-            break;
+        // A leader that stops reading (paused, or cut off without a reset) would pin this task
+        // and its requests' budget until TCP gave up: an answer not written within the idle
+        // limit closes the connection.
+        match tokio::time::timeout(limits.idle, out.send(Bytes::from(frame))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break,
+            Err(_) => {
+                tracing::debug!(
+                    idle_ms = limits.idle.as_millis() as u64,
+                    "raft stream: the leader reads no answers; closing"
+                );
+                // Dropped unflushed: a close would wait on the same unread connection.
+                return;
+            }
         }
         drop(held.lock().unwrap_or_else(|p| p.into_inner()).pop_front());
         if last {

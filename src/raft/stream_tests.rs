@@ -166,6 +166,25 @@ async fn an_unreadable_frame_closes_the_connection_without_an_answer() {
 }
 
 #[tokio::test]
+async fn a_leader_that_reads_no_answers_is_closed_after_the_idle_limit() {
+    // A pipe that holds a few answers; the leader keeps sending and never reads.
+    let (leader, follower_end) = tokio::io::duplex(256);
+    let idle = Duration::from_millis(300);
+    let limits = Limits { idle, ..Limits::default() };
+    let task = tokio::spawn(serve(follower_end, limits, echo, || {}, CancellationToken::new()));
+    let (_unread, wr) = tokio::io::split(leader);
+    let mut out = FramedWrite::new(wr, codec());
+    let sender = tokio::spawn(async move {
+        let mut prev = 0;
+        while out.send(Bytes::from(encode(&append(prev, 1)).expect("encodes"))).await.is_ok() {
+            prev += 1;
+        }
+    });
+    tokio::time::timeout(WAIT, task).await.expect("the follower gives up on the leader").expect("no panic");
+    sender.abort();
+}
+
+#[tokio::test]
 async fn a_follower_reads_no_more_unanswered_bytes_than_its_budget() {
     let req = append(0, 1);
     let frame = encode(&req).expect("encodes").len();

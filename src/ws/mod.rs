@@ -28,6 +28,7 @@ use crate::cluster::Handle;
 use crate::machine::Event;
 use crate::metrics::Metrics;
 use crate::protocol::close;
+use crate::raft::events::EventReceiver;
 use crate::token::Verifier;
 
 /// Whether this node takes devices.
@@ -119,7 +120,7 @@ pub async fn run(
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer
 /// claim took the device over, 4002 when a sweep removed this node's routes.
-pub async fn enforce_routes(gate: Arc<Gate>, mut events: broadcast::Receiver<Event>, shutdown: CancellationToken) {
+pub async fn enforce_routes(gate: Arc<Gate>, mut events: EventReceiver, shutdown: CancellationToken) {
     let me = gate.cluster.me();
     loop {
         let ev = tokio::select! {

@@ -1,0 +1,145 @@
+//! The cluster listener's limits in bytes and time, against a real node. What an operator relies
+//! on: an admin body over 64 KiB or a request head over 64 KiB is refused by size (it used to read
+//! 64 MiB bodies and ~400 KiB heads on every path); a join naming a malformed member is refused
+//! without quoting it; and publishes in flight are held to a byte budget — once the node holds
+//! its budget of bodies, the next publish is answered `503 busy` at once, a body that does not
+//! arrive within the body deadline is answered `408` and gives its share back, and publishing
+//! works again.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::ws::Dial;
+use common::{http, random_hex, wait_until, Cluster, SLACK};
+
+/// The node's body deadline for requests other than members' RPC (`api::BODY_READ_TIMEOUT`).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Publishes of `max_payload_bytes` a node holds at once (`api::messages::PUBLISHES_IN_FLIGHT`).
+const PUBLISHES_IN_FLIGHT: usize = 256;
+const PUBLISH_OVERHEAD: usize = 1024;
+
+#[test]
+fn oversized_heads_and_admin_bodies_and_bad_members_are_refused_without_echo() {
+    let (c, _) = Cluster::form(1, &[]);
+    let addr = c.nodes[0].cluster_addr();
+    let bearer = c.bearer();
+    let headers = [("Authorization", bearer.as_str()), ("Content-Type", "application/json")];
+
+    // An admin body over 64 KiB: refused by size before it is parsed.
+    let marker = format!("zz{}", random_hex(8));
+    let big = format!(r#"{{"rate": 1, "burst": 1, "pad": "{}"}}"#, marker.repeat(7000));
+    assert!(big.len() > 64 << 10);
+    for path in ["/cluster/admission", "/cluster/join", "/cluster/scale-in/lock"] {
+        let r = http::request(addr, "POST", path, &headers, Some(big.as_bytes()), http::REQUEST_TIMEOUT).unwrap();
+        assert_eq!((r.status, r.json()["error"].as_str()), (413, Some("bad_body")), "{path}: {}", r.text());
+        assert!(!r.text().contains(&marker), "{path} quotes the body");
+    }
+    // A head of 200 KiB (hyper's default took ~400 KiB): refused by the listener, `431`, or the
+    // connection is reset when the node closes it with the rest of the head unread.
+    let huge = "x".repeat(200 << 10);
+    let pad = [("Authorization", bearer.as_str()), ("X-Pad", huge.as_str())];
+    match http::request(addr, "GET", "/cluster/status", &pad, None, http::REQUEST_TIMEOUT) {
+        Ok(r) => assert_eq!(r.status, 431, "a 200 KiB head is served: {}", r.status),
+        Err(e) => {
+            let e = format!("{e:#}").to_lowercase();
+            assert!(e.contains("reset") || e.contains("broken pipe"), "a 200 KiB head: {e}");
+        }
+    }
+
+    // A join naming a member no node could be configured as: 400 bad_member, nothing echoed,
+    // the membership unchanged.
+    for member in [
+        format!(r#"{{"name": "{marker}<x>", "cluster_addr": "127.0.0.1:9", "public_url": "ws://127.0.0.1:9"}}"#),
+        format!(r#"{{"name": "n9", "cluster_addr": "{marker} :9", "public_url": "ws://127.0.0.1:9"}}"#),
+        format!(r#"{{"name": "n9", "cluster_addr": "127.0.0.1:9", "public_url": "ws://h/{marker}\r\nX: y"}}"#),
+        format!(r#"{{"name": "n9", "cluster_addr": "127.0.0.1:9", "public_url": "ftp://{marker}"}}"#),
+    ] {
+        let body = format!(r#"{{"id": 99, "member": {member}}}"#);
+        let r = http::request(addr, "POST", "/cluster/join", &headers, Some(body.as_bytes()), http::REQUEST_TIMEOUT)
+            .unwrap();
+        assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("bad_member")), "{member}: {}", r.text());
+        assert!(!r.text().contains(&marker), "the refusal quotes the member: {}", r.text());
+    }
+    let status = c.get(0, "/cluster/status").unwrap().text();
+    assert!(!status.contains("n9") && !status.contains(&marker), "a refused member joined: {status}");
+}
+
+/// Starts a publish that declares a body of `len` bytes and sends none of it.
+fn hold_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, len: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST /v1/devices/{device}/messages HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
+         content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
+/// The status line of the answer on `s`, within `timeout`.
+fn answer_status(s: &mut TcpStream, timeout: Duration) -> Option<u16> {
+    s.set_read_timeout(Some(timeout)).ok()?;
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+#[test]
+fn publishes_in_flight_are_held_to_a_byte_budget() {
+    let payload_limit = 1024;
+    let (c, _) = Cluster::form(1, &["--max-payload-bytes", &payload_limit.to_string()]);
+    let addr = c.nodes[0].cluster_addr();
+    let bearer = c.bearer();
+    let token = c.token("budget-dev", 0);
+    let mut ws = c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("the device");
+    assert_eq!(ws.hello()["device"], "budget-dev");
+    let publish = || {
+        let headers = [("Authorization", bearer.as_str()), ("Content-Type", "application/json")];
+        http::request(
+            addr,
+            "POST",
+            "/v1/devices/budget-dev/messages",
+            &headers,
+            Some(b"{\"n\":1}"),
+            http::REQUEST_TIMEOUT,
+        )
+        .unwrap()
+    };
+    assert_eq!(publish().status, 200, "a publish before the budget is held");
+    assert_eq!(ws.next_text(Duration::from_secs(5) + SLACK, "the first publish")["seq"], 1);
+
+    // Publishes of the largest payload, each waiting for its body: together the whole budget.
+    let started = Instant::now();
+    let mut held: Vec<TcpStream> =
+        (0..PUBLISHES_IN_FLIGHT).map(|_| hold_publish(addr, &bearer, "budget-dev", payload_limit)).collect();
+    // The node reads each head and charges it (a publish sent meanwhile could take a share and
+    // have a held one refused); then the next publish is refused at once.
+    let budget = PUBLISHES_IN_FLIGHT * (payload_limit + PUBLISH_OVERHEAD);
+    wait_until(SLACK, "the held publishes to hold the whole budget", || {
+        match c.metric(0, "gateway_publish_bytes_in_flight") {
+            Some(b) if b as usize == budget => Ok(()),
+            other => Err(format!("{other:?} of {budget} bytes held")),
+        }
+    });
+    let refused = publish();
+    let waited = started.elapsed();
+
+    assert!(waited < BODY_READ_TIMEOUT, "holding the budget took {waited:?}: the first held bodies timed out");
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "busy", "{}", refused.text());
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(refused.text().contains(&budget.to_string()), "names the budget: {}", refused.text());
+    assert!(c.metric_labeled(0, "gateway_publishes_total", "result=\"busy\"").unwrap_or(0.0) >= 1.0);
+
+    // Bodies that never arrive are answered 408 at the deadline, and give their share back.
+    let timed_out = held.iter_mut().filter_map(|s| answer_status(s, BODY_READ_TIMEOUT + SLACK)).collect::<Vec<_>>();
+    assert_eq!(timed_out.len(), PUBLISHES_IN_FLIGHT, "every held publish is answered");
+    assert!(timed_out.iter().all(|s| *s == 408), "{timed_out:?}");
+    assert_eq!(c.metric(0, "gateway_publish_bytes_in_flight"), Some(0.0), "the budget is given back");
+    let r = publish();
+    assert_eq!(r.status, 200, "publishing works again: {}", r.text());
+    assert_eq!(ws.next_text(Duration::from_secs(5) + SLACK, "the publish after the budget")["seq"], 2);
+}
