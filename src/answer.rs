@@ -73,19 +73,17 @@ impl Refusal {
 /// A write that did not get a reply: `503 unavailable` + `Retry-After`, whatever the cause (no
 /// leader, timeout, a failed forward, Raft refusing or stopped), so a client moves on or retries.
 /// The write may still commit: claims are released by their caller, publishes are retried with
-/// the same `Idempotency-Key`. The message says which of those happened, never the detail (a
+/// the same `Idempotency-Key`. The message is [`ProposeError::summary`], never the detail (a
 /// failed forward's text names the leader's internal address, which is not for devices or
 /// backends): that goes to the node's log at debug level.
 pub fn write_error(e: &ProposeError) -> Refusal {
-    let said = match e {
-        ProposeError::NoLeader => "no leader is known (election in progress?)".to_string(),
-        ProposeError::Timeout(ms) => format!("the write did not commit within {ms} ms"),
-        ProposeError::Forward(_) => "forwarding the write to the leader failed".to_string(),
-        ProposeError::Rejected(_) => "raft refused the write".to_string(),
-        ProposeError::Stopped => "the node is shutting down".to_string(),
-    };
     tracing::debug!(error = %e, "a write got no reply");
-    Refusal::unavailable("unavailable").message(said)
+    Refusal::unavailable("unavailable").message(e.summary())
+}
+
+/// [`write_error`] with the detail, for the admin endpoints (callers holding the cluster secret).
+pub fn operator_write_error(e: &ProposeError) -> Refusal {
+    Refusal::unavailable("unavailable").message(e)
 }
 
 /// An accepted claim.

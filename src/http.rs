@@ -216,15 +216,19 @@ pub const MAX_ANSWER_BYTES: usize = MAX_RPC_BYTES;
 
 /// The whole body of `resp`, at most [`MAX_ANSWER_BYTES`].
 async fn whole(addr: &str, resp: Response<Incoming>) -> Result<Bytes, HttpError> {
-    let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await;
-    let failed = |e: Box<dyn std::error::Error + Send + Sync>| {
-        let reason = match e.is::<http_body_util::LengthLimitError>() {
-            true => format!("the answer exceeds {MAX_ANSWER_BYTES} bytes"),
-            false => e.to_string(),
-        };
-        HttpError::Transport { addr: addr.to_string(), reason }
+    let too_large = || HttpError::Transport {
+        addr: addr.to_string(),
+        reason: format!("the answer exceeds {MAX_ANSWER_BYTES} bytes"),
     };
-    Ok(body.map_err(failed)?.to_bytes())
+    // A declared length over the cap fails before a byte is read.
+    if hyper::body::Body::size_hint(resp.body()).lower() > MAX_ANSWER_BYTES as u64 {
+        return Err(too_large());
+    }
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await;
+    body.map(|b| b.to_bytes()).map_err(|e| match e.is::<http_body_util::LengthLimitError>() {
+        true => too_large(),
+        false => HttpError::Transport { addr: addr.to_string(), reason: e.to_string() },
+    })
 }
 
 /// At most the first 200 bytes of an answer, as text, for an error message.
@@ -265,6 +269,19 @@ mod tests {
             s.write_all(head.as_bytes()).await.unwrap();
             let zeros = vec![0u8; 1 << 16];
             while s.write_all(&zeros).await.is_ok() {}
+        });
+        let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
+        assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");
+        // Chunked, with no length to refuse up front: cut at the cap.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await.unwrap();
+            let chunk = [b"10000\r\n".as_slice(), &[0u8; 1 << 16], b"\r\n"].concat();
+            while s.write_all(&chunk).await.is_ok() {}
         });
         let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
         assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");

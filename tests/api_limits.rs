@@ -14,12 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::ws::Dial;
 use common::{http, random_hex, wait_until, Cluster, SLACK};
-
-/// The node's body deadline for requests other than members' RPC (`api::BODY_READ_TIMEOUT`).
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Publishes of `max_payload_bytes` a node holds at once (`api::messages::PUBLISHES_IN_FLIGHT`).
-const PUBLISHES_IN_FLIGHT: usize = 256;
-const PUBLISH_OVERHEAD: usize = 1024;
+use gateway::api::{BODY_READ_TIMEOUT, PUBLISHES_IN_FLIGHT, PUBLISH_OVERHEAD};
 
 #[test]
 fn oversized_heads_and_admin_bodies_and_bad_members_are_refused_without_echo() {

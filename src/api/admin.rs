@@ -56,7 +56,7 @@ pub async fn set_admission(api: &Api, body: &[u8]) -> Resp {
             let b = budget.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
             json(StatusCode::OK, &serde_json::json!({ "admission_budget": b }))
         }
-        Err(e) => answer::write_error(&e).response(),
+        Err(e) => answer::operator_write_error(&e).response(),
     }
 }
 

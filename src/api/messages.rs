@@ -24,8 +24,9 @@ pub const PUBLISH_OVERHEAD: usize = 1024;
 /// default). A publish is charged its `Content-Length` (or the payload limit, sent chunked) plus
 /// the overhead before its body is read; when the budget is spent it is refused at once with
 /// `503 busy` and `Retry-After`, so backends that send faster than the log commits cost the node a
-/// bounded number of bytes, not a queue of bodies per open connection. Forwards to the leader
-/// and the proposer's queue carry only what these budgets admitted.
+/// bounded number of bytes, not a queue of bodies per open connection. The charge ends with the
+/// answer: a publish answered `503` on its propose timeout may still wait in the proposer's queue
+/// (bounded in commands, not bytes) and commit later.
 pub struct Budget {
     bytes: Arc<Semaphore>,
     total: usize,

@@ -15,7 +15,7 @@ pub mod scaling;
 mod tenants;
 pub mod ui;
 
-pub use messages::Budget as PublishBudget;
+pub use messages::{Budget as PublishBudget, PUBLISHES_IN_FLIGHT, PUBLISH_OVERHEAD};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -50,7 +50,7 @@ pub async fn lock(api: &Api, body: &[u8]) -> Resp {
     let name = |id: u64| view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone());
     let reply = match api.cluster.begin_scale_in(req.node, req.owner, req.ttl_ms, req.force).await {
         Ok(r) => r,
-        Err(e) => return answer::write_error(&e).response(),
+        Err(e) => return answer::operator_write_error(&e).response(),
     };
     let conflict = |reason: &'static str, message: String, body: serde_json::Value| {
         let mut v = body;
@@ -112,6 +112,6 @@ pub async fn unlock(api: &Api, body: &[u8]) -> Resp {
     };
     match api.cluster.end_scale_in(req.node, req.owner, outcome).await {
         Ok(released) => json(StatusCode::OK, &serde_json::json!({"released": released})),
-        Err(e) => answer::write_error(&e).response(),
+        Err(e) => answer::operator_write_error(&e).response(),
     }
 }

@@ -55,7 +55,7 @@ pub async fn set_policy(api: &Api, tenant: &str, body: &[u8]) -> Resp {
             tracing::info!(tenant, revision, "tenant plan set over the admin API");
             json(StatusCode::OK, &j!({ "tenant": tenant, "revision": revision }))
         }
-        Err(e) => answer::write_error(&e).response(),
+        Err(e) => answer::operator_write_error(&e).response(),
     }
 }
 
@@ -87,7 +87,7 @@ pub async fn grant(api: &Api, tenant: &str, body: &[u8]) -> Resp {
         Ok(GrantReply::NoQuota) => {
             error(StatusCode::CONFLICT, "no_quota", "this tenant has no publish quota to add to")
         }
-        Err(e) => answer::write_error(&e).response(),
+        Err(e) => answer::operator_write_error(&e).response(),
     }
 }
 

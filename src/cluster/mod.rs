@@ -24,6 +24,7 @@ use crate::machine::{
     ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetMaxConnections,
     SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
+pub use crate::raft::events::EventReceiver;
 pub use crate::raft::rpc::{RpcError, RpcKind};
 pub use crate::raft::stream::{PATH as APPEND_STREAM_PATH, PROTOCOL as APPEND_STREAM_PROTOCOL};
 use crate::raft::types::{Raft, TypeConfig};

@@ -63,6 +63,18 @@ pub enum ProposeError {
     Stopped,
 }
 
+impl ProposeError {
+    /// The error without the detail a forward or Raft added (which can name a leader's internal
+    /// address): what a device or a backend is told.
+    pub fn summary(&self) -> String {
+        match self {
+            ProposeError::Forward(_) => "forwarding to the leader failed".to_string(),
+            ProposeError::Rejected(_) => "raft refused the write".to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
 struct Pending {
     cmd: Command,
     /// Forwarded from another node: never forward again (no loops between stale leaders).

@@ -1,7 +1,8 @@
 //! The queue of apply events from the state machine to its one consumer (the device side's
 //! `ws::enforce_routes`), bounded in events and in bytes while the consumer lags. Past either
-//! bound an event is dropped and the consumer is told it lagged: it reconciles its sessions with
-//! the routes and catches them up from the streams, as it does after a snapshot.
+//! bound an event is dropped and the consumer is told it lagged, in order (after the events
+//! queued before the drop, which wakes it if it waits): it reconciles its sessions with the
+//! routes and catches them up from the streams, as it does after a snapshot.
 //!
 //! A `tokio::sync::broadcast` channel did this before, but it keeps its last `capacity` events
 //! whether or not they were read: every publish's event carries its payload, so after a burst of
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 
-use crate::machine::Event;
+use crate::machine::{Event, NodeId};
 
 /// Most events queued for a consumer that lags.
 pub const MAX_EVENTS: usize = 4096;
@@ -33,6 +34,17 @@ pub fn weight(ev: &Event) -> usize {
         }
 }
 
+/// Whether `ev` concerns the sessions of node `me` (all events when no node is named).
+pub fn concerns(ev: &Event, me: Option<NodeId>) -> bool {
+    let Some(me) = me else { return true };
+    match ev {
+        Event::Published(d) => d.node == me,
+        Event::Superseded { node, .. } => *node == me,
+        Event::Swept { nodes } => nodes.contains(&me),
+        Event::Installed => true,
+    }
+}
+
 struct Shared {
     /// Events and bytes queued and not yet read.
     events: AtomicUsize,
@@ -43,15 +55,22 @@ struct Shared {
     max_bytes: usize,
 }
 
+/// What the queue carries: an event and its weight, or the news that events were dropped after
+/// the ones before it (not counted in either bound; one at a time).
+enum Item {
+    Event(Event, usize),
+    Lagged,
+}
+
 /// The state machine's end. Sends never wait; without a consumer they are dropped.
 pub struct EventSender {
-    tx: mpsc::UnboundedSender<(Event, usize)>,
+    tx: mpsc::UnboundedSender<Item>,
     shared: Arc<Shared>,
 }
 
 /// The consumer's end.
 pub struct EventReceiver {
-    rx: mpsc::UnboundedReceiver<(Event, usize)>,
+    rx: mpsc::UnboundedReceiver<Item>,
     shared: Arc<Shared>,
 }
 
@@ -75,12 +94,15 @@ impl EventSender {
         let s = &self.shared;
         let w = weight(&ev);
         if s.events.load(Ordering::Acquire) >= s.max_events || s.bytes.load(Ordering::Acquire) + w > s.max_bytes {
-            s.missed.fetch_add(1, Ordering::AcqRel);
+            // The first drop since the consumer last heard of one queues the news.
+            if s.missed.fetch_add(1, Ordering::AcqRel) == 0 {
+                let _ = self.tx.send(Item::Lagged);
+            }
             return;
         }
         s.events.fetch_add(1, Ordering::AcqRel);
         s.bytes.fetch_add(w, Ordering::AcqRel);
-        if self.tx.send((ev, w)).is_err() {
+        if self.tx.send(Item::Event(ev, w)).is_err() {
             // No consumer (any more): nothing is queued.
             s.events.fetch_sub(1, Ordering::AcqRel);
             s.bytes.fetch_sub(w, Ordering::AcqRel);
@@ -89,17 +111,18 @@ impl EventSender {
 }
 
 impl EventReceiver {
-    /// The next event; `Lagged(n)` first when `n` events were dropped since the last call
-    /// (the queue still holds some: the one that filled it), `Closed` once the sender is gone.
+    /// The next event; `Lagged(n)` where `n` events were dropped (after every event queued
+    /// before the first of them), `Closed` once the sender is gone.
     pub async fn recv(&mut self) -> Result<Event, RecvError> {
-        let missed = self.shared.missed.swap(0, Ordering::AcqRel);
-        if missed > 0 {
-            return Err(RecvError::Lagged(missed));
+        match self.rx.recv().await.ok_or(RecvError::Closed)? {
+            Item::Event(ev, w) => {
+                self.shared.events.fetch_sub(1, Ordering::AcqRel);
+                self.shared.bytes.fetch_sub(w, Ordering::AcqRel);
+                Ok(ev)
+            }
+            // Taking the count re-arms the news for the next drop.
+            Item::Lagged => Err(RecvError::Lagged(self.shared.missed.swap(0, Ordering::AcqRel).max(1))),
         }
-        let (ev, w) = self.rx.recv().await.ok_or(RecvError::Closed)?;
-        self.shared.events.fetch_sub(1, Ordering::AcqRel);
-        self.shared.bytes.fetch_sub(w, Ordering::AcqRel);
-        Ok(ev)
     }
 
     /// Bytes queued and not yet read.
@@ -127,10 +150,11 @@ mod tests {
             assert!(rx.queued_bytes() <= max, "{} bytes queued", rx.queued_bytes());
         }
         let kept = (max / weight(&published(0, 64 << 10))) as u64;
-        assert_eq!(rx.recv().await, Err(RecvError::Lagged(40 - kept)));
+        // The kept ones first, in order, then the news of what was dropped after them.
         for seq in 0..kept {
             assert_eq!(rx.recv().await, Ok(published(seq, 64 << 10)));
         }
+        assert_eq!(rx.recv().await, Err(RecvError::Lagged(40 - kept)));
         assert_eq!(rx.queued_bytes(), 0, "read events are freed");
         // Room again, and nothing more to report.
         tx.send(published(99, 10));
@@ -145,9 +169,26 @@ mod tests {
         for _ in 0..5 {
             tx.send(Event::Installed);
         }
+        assert_eq!(rx.recv().await, Ok(Event::Installed));
+        assert_eq!(rx.recv().await, Ok(Event::Installed));
         assert_eq!(rx.recv().await, Err(RecvError::Lagged(3)));
+        // A drop after the news was taken is news again.
+        for _ in 0..3 {
+            tx.send(Event::Installed);
+        }
         assert_eq!(rx.recv().await, Ok(Event::Installed));
         assert_eq!(rx.recv().await, Ok(Event::Installed));
+        assert_eq!(rx.recv().await, Err(RecvError::Lagged(1)));
+    }
+
+    #[test]
+    fn only_what_concerns_the_node_is_queued() {
+        assert!(concerns(&published(1, 1), Some(1)) && !concerns(&published(1, 1), Some(7)));
+        assert!(concerns(&published(1, 1), None), "no node named: everything");
+        assert!(!concerns(&Event::Superseded { node: 2, conn: 3 }, Some(1)));
+        assert!(concerns(&Event::Swept { nodes: vec![4, 1] }, Some(1)));
+        assert!(!concerns(&Event::Swept { nodes: vec![4] }, Some(1)));
+        assert!(concerns(&Event::Installed, Some(1)));
     }
 
     #[test]

@@ -166,7 +166,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await?;
         self.publish(state, applied);
-        for ev in events {
+        // Only what concerns this node's sessions: every node applies every publish and claim,
+        // and the others' would only fill the queue.
+        for ev in events.into_iter().filter(|ev| events::concerns(ev, self.me)) {
             // No subscriber (tests, or before the device listener starts) is fine.
             self.events.send(ev);
         }

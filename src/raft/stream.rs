@@ -284,7 +284,11 @@ pub async fn serve<F, O>(
         // A leader that stops reading (paused, or cut off without a reset) would pin this task
         // and its requests' budget until TCP gave up: an answer not written within the idle
         // limit closes the connection.
-        match tokio::time::timeout(limits.idle, out.send(Bytes::from(frame))).await {
+        let sent = tokio::select! {
+            _ = stop.cancelled() => return,
+            sent = tokio::time::timeout(limits.idle, out.send(Bytes::from(frame))) => sent,
+        };
+        match sent {
             Ok(Ok(())) => {}
             Ok(Err(_)) => break,
             Err(_) => {
@@ -302,7 +306,7 @@ pub async fn serve<F, O>(
         }
     }
     // The leader sees the end of the stream; the reading side ends with the leader's close.
-    let _ = SinkExt::<Bytes>::close(&mut out).await;
+    let _ = tokio::time::timeout(limits.idle, SinkExt::<Bytes>::close(&mut out)).await;
 }
 
 /// The requests on one connection, each holding its share of the in-flight budget (released

@@ -24,11 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::{Refusal, Resp};
-use crate::cluster::Handle;
+use crate::cluster::{EventReceiver, Handle};
 use crate::machine::Event;
 use crate::metrics::Metrics;
 use crate::protocol::close;
-use crate::raft::events::EventReceiver;
 use crate::token::Verifier;
 
 /// Whether this node takes devices.
