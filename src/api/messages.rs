@@ -14,13 +14,13 @@ use crate::metrics::ResultLabel;
 use crate::token::valid_device_id;
 
 /// Publishes a node holds at once when each is `max_payload_bytes` long (more when shorter).
-pub const PUBLISHES_IN_FLIGHT: usize = 256;
+pub const PUBLISHES_IN_FLIGHT: usize = 64;
 
 /// What a publish costs besides its body: the request, the command, its reply.
 pub const PUBLISH_OVERHEAD: usize = 1024;
 
 /// The bytes of publish bodies a node holds at once, from the moment it starts reading one until
-/// it answers: `PUBLISHES_IN_FLIGHT × (max_payload_bytes + PUBLISH_OVERHEAD)` (16.25 MiB by
+/// it answers: `PUBLISHES_IN_FLIGHT × (max_payload_bytes + PUBLISH_OVERHEAD)` (4.06 MiB by
 /// default). A publish is charged its `Content-Length` (or the payload limit, sent chunked) plus
 /// the overhead before its body is read; when the budget is spent it is refused at once with
 /// `503 busy` and `Retry-After`, so backends that send faster than the log commits cost the node a

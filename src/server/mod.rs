@@ -37,20 +37,6 @@ use crate::tls::ServerTls;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer(pub std::net::SocketAddr);
 
-/// The accept queue a listener asks the kernel for (capped at `net.core.somaxconn`, 4096 on
-/// current kernels). `TcpListener::bind` asks for 128: a reconnect storm's burst beyond that
-/// between two turns of the accept loop was dropped by the kernel, and those clients waited 1 s,
-/// then 3 s, for their connection to be retried (a test holding 256 connections saw it).
-pub const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds a listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `TcpListener::bind`).
-pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(LISTEN_BACKLOG)
-}
-
 /// The longest path an access line quotes (the rest is cut).
 const MAX_LOGGED_PATH: usize = 128;
 
@@ -182,29 +168,4 @@ fn logged_path(path: &str) -> String {
         end -= 1;
     }
     path[..end].to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_burst_of_connections_beyond_128_waits_in_the_accept_queue() {
-        // Nothing accepts: every connection must be queued by the kernel. With the backlog of
-        // `TcpListener::bind` (128), the connects past it see their SYN dropped and time out.
-        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        // Past 128, within any somaxconn from 256 up and a test's open-file limit.
-        let burst = 250;
-        let connected = tokio::task::spawn_blocking(move || {
-            let streams: Vec<_> = (0..burst)
-                .map_while(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok())
-                .collect();
-            streams.len()
-        })
-        .await
-        .unwrap();
-        assert_eq!(connected, burst, "the accept queue took {connected} of {burst} connections");
-        drop(listener);
-    }
 }

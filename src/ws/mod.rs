@@ -131,7 +131,12 @@ pub async fn enforce_routes(gate: Arc<Gate>, mut events: EventReceiver, shutdown
                 gate.kick(conn, close::SUPERSEDED, "superseded by a newer claim");
             }
             Ok(Event::Swept { nodes }) if nodes.contains(&me) => {
-                for s in gate.registry.sessions() {
+                let sessions = gate.registry.sessions();
+                tracing::warn!(
+                    sessions = sessions.len(),
+                    "this node's lease lapsed and its routes were swept: closing its sessions (4002)"
+                );
+                for s in sessions {
                     gate.kick(s.conn, close::ROUTE_LOST, "this node's lease lapsed; route swept");
                 }
             }
@@ -175,17 +180,27 @@ pub async fn reconcile(gate: &Arc<Gate>) {
         Ok(routes) => routes,
         Err(e) => return tracing::warn!(error = %e, "reconciling sessions: the routes could not be read"),
     };
+    let (mut superseded, mut lost) = (0, 0);
     for (s, (route, floor)) in sessions.into_iter().zip(routes) {
         let Some(version) = s.version else { continue };
         match route {
             Some(r) if r.node == me && r.conn == s.conn => {}
             Some(r) if r.version > version => {
+                superseded += 1;
                 gate.kick(s.conn, close::SUPERSEDED, "superseded by a newer claim");
             }
             None if floor.is_some_and(|f| f.max_version >= version) => {
+                lost += 1;
                 gate.kick(s.conn, close::ROUTE_LOST, "route lost");
             }
             _ => {} // this node has not applied the session's own claim yet
         }
+    }
+    if superseded + lost > 0 {
+        tracing::info!(
+            superseded,
+            lost,
+            "reconciled sessions with the routes: closed the superseded (4001) and lost (4002)"
+        );
     }
 }

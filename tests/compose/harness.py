@@ -177,6 +177,11 @@ class Cluster:
         log(f"compose down -v: exit {p.returncode}")
 
     def dump_logs(self, lines=40):
+        p = self.compose("logs", "--no-color", check=False, timeout=60)
+        # Whole-run lines about what closes sessions or moves leases, then each node's tail.
+        marks = ("swept", "reconciled", "lagged", "fenced", "drain", "expired", "leader", "snapshot", "ERROR")
+        noted = [l for l in p.stdout.splitlines() if any(m in l for m in marks)]
+        print("\n".join(noted[-300:]), file=sys.stderr)
         p = self.compose("logs", "--no-color", "--tail", str(lines), check=False, timeout=60)
         print(p.stdout[-20000:], file=sys.stderr)
 
