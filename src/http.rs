@@ -255,36 +255,34 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn an_answer_larger_than_the_cap_fails_the_call_instead_of_filling_memory() {
+    /// A server that answers one request with `head`, then `body` over and over for as long as
+    /// it is read; its address.
+    async fn endless_answer(head: String, body: Vec<u8>) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        // Answers any request with a head promising twice the cap, then zeros for as long as read.
         tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.unwrap();
-            let mut head = [0u8; 4096];
-            let _ = s.read(&mut head).await;
-            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", 2 * MAX_ANSWER_BYTES);
+            let mut request = [0u8; 4096];
+            let _ = s.read(&mut request).await;
             s.write_all(head.as_bytes()).await.unwrap();
-            let zeros = vec![0u8; 1 << 16];
-            while s.write_all(&zeros).await.is_ok() {}
+            while s.write_all(&body).await.is_ok() {}
         });
-        let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
-        assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");
-        // Chunked, with no length to refuse up front: cut at the cap.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut head = [0u8; 4096];
-            let _ = s.read(&mut head).await;
-            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await.unwrap();
-            let chunk = [b"10000\r\n".as_slice(), &[0u8; 1 << 16], b"\r\n"].concat();
-            while s.write_all(&chunk).await.is_ok() {}
-        });
-        let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
-        assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_answer_larger_than_the_cap_fails_the_call_instead_of_filling_memory() {
+        let zeros = vec![0u8; 1 << 16];
+        let declared = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", 2 * MAX_ANSWER_BYTES);
+        // A length over the cap is refused up front; a chunked answer is cut at the cap.
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_string();
+        let chunk = [b"10000\r\n".as_slice(), &zeros, b"\r\n"].concat();
+        for (head, body) in [(declared, zeros.clone()), (chunked, chunk)] {
+            let addr = endless_answer(head, body).await;
+            let e = HttpClient::new(b"s").get(&addr, "/", Duration::from_secs(60)).await.unwrap_err();
+            assert!(matches!(e, HttpError::Transport { .. }) && e.to_string().contains("exceeds"), "{e}");
+        }
     }
 
     #[tokio::test]

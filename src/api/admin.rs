@@ -38,17 +38,20 @@ pub async fn set_admission(api: &Api, body: &[u8]) -> Resp {
         Ok(r) => r,
         Err(e) => return bad_json(&e),
     };
-    // `Some(None)` clears the budget; `None` is a request to refuse.
-    let budget = match req {
-        AdmissionRequest { clear: true, .. } => Some(None),
-        AdmissionRequest { rate: Some(rate), burst: Some(burst), .. } => {
-            Some(Budget { milli_rate: (rate * 1000.0).round() as u64, burst }).filter(Budget::is_valid).map(Some)
-        }
-        _ => None,
-    };
-    let Some(budget) = budget else {
+    let refused = || {
         let msg = "send {\"rate\": 0.01..=1e9, \"burst\": 1..=1e9} or {\"clear\": true}";
-        return error(StatusCode::BAD_REQUEST, "bad_admission", msg);
+        error(StatusCode::BAD_REQUEST, "bad_admission", msg)
+    };
+    let budget = match req {
+        AdmissionRequest { clear: true, .. } => None,
+        AdmissionRequest { rate: Some(rate), burst: Some(burst), .. } => {
+            let b = Budget { milli_rate: (rate * 1000.0).round() as u64, burst };
+            if !b.is_valid() {
+                return refused();
+            }
+            Some(b)
+        }
+        _ => return refused(),
     };
     match api.cluster.set_admission(budget).await {
         Ok(()) => {

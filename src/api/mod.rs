@@ -36,13 +36,13 @@ use crate::metrics::Metrics;
 use crate::secrets::BackendSecrets;
 
 /// Largest body of an admin request (a join, a claim, a leave).
-pub const MAX_ADMIN_BODY: usize = 64 << 10;
+const MAX_ADMIN_BODY: usize = 64 << 10;
 
 /// Largest request head (request line and headers) the cluster listener reads. A member's or an
 /// operator's head is under 1 KiB (a bearer secret, a path, a request id); hyper's default
 /// (~400 KiB) would let each unauthenticated connection hold that much until its head deadline.
 /// It also caps hyper's read buffer, so a forwarded batch or an append is read in 64 KiB steps.
-pub const MAX_HEAD_BYTES: usize = 64 << 10;
+const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// Longest a request other than a member's RPC may take to send its body.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -189,7 +189,8 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         }
         error(StatusCode::PAYLOAD_TOO_LARGE, "bad_body", format!("the body exceeds {limit} bytes"))
     };
-    let declared = req.headers().get(hyper::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    // hyper's reading of `Content-Length` (None when the body is chunked).
+    let declared = hyper::body::Body::size_hint(req.body()).exact();
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
