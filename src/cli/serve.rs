@@ -150,7 +150,7 @@ pub struct ServeArgs {
     /// [default: handshake timeout / 4].
     #[arg(long, env = "GATEWAY_OVERLOAD_COMMIT_MS")]
     pub overload_commit_ms: Option<u64>,
-    /// Deadline for a client to send its request headers [default: 5000].
+    /// Deadline for a client to send its first bytes, then again for each request head [default: 5000].
     #[arg(long, env = "GATEWAY_HEADER_READ_TIMEOUT_MS")]
     pub header_read_timeout_ms: Option<u64>,
     /// Largest message a device may send [default: 65536].

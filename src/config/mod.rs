@@ -170,7 +170,8 @@ pub struct DeviceConfig {
     pub handshake_timeout_ms: u64,
     /// Claim commit latency whose p99 shrinks admission (AIMD); 0 = off.
     pub overload_commit_ms: u64,
-    /// Deadline for a client to send its request headers (slowloris guard).
+    /// Deadline for a client to send its first bytes, then again for each request head (slowloris
+    /// guard).
     pub header_read_timeout_ms: u64,
     /// Largest message a device may send (close 1009 above it).
     pub max_message_bytes: usize,

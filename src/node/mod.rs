@@ -180,10 +180,9 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         .map_err(|e| NodeError::Raft(e.to_string()))?
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
-    let cluster_listener = TcpListener::bind(cfg.cluster_listen)
-        .await
+    let cluster_listener = crate::server::bind(cfg.cluster_listen)
         .map_err(|source| NodeError::Bind { addr: cfg.cluster_listen, source })?;
-    let public = TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
+    let public = crate::server::bind(cfg.listen).map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
 
     let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
     let (mode_tx, mode) = watch::channel(Mode::Serving);
