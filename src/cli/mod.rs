@@ -180,14 +180,23 @@ pub enum Command {
     ///   admissions per slot across the cluster, unused capacity lost.
     /// - Within a slot, devices with the most failures so far are admitted first, until the
     ///   capacity runs out; the rest are refused.
-    /// - After its n-th refusal (n = 0 first) a device waits d ms: --jitter none, exactly
-    ///   min(cap, base*2^n); --jitter full, uniform in [0, min(cap, base*2^n)]; then
-    ///   d = max(d, R s) with R = --retry-after-s, the Retry-After sent on every refusal.
-    ///   Its retry falls in the first slot starting at or after t + d, never in the slot that
-    ///   refused it.
+    /// - With --paced on (the default with a token bucket), a node refusing a device promises
+    ///   it the first token not yet promised to another: the next token for the first refusal,
+    ///   one token (1/rate) later for each after it; the device waits exactly until then
+    ///   (rounded up to whole ms). Tokens spilled over a full bucket (promised to devices that
+    ///   did not come) free a turn each. A device whose token went to a first attempt is
+    ///   refused again and promised a later one.
+    /// - With --paced off (or --per-slot), after its n-th refusal (n = 0 first) a device waits
+    ///   d ms: --jitter none, exactly min(cap, base*2^n); --jitter full, uniform in
+    ///   [0, min(cap, base*2^n)]; then d = max(d, R s) with R = --retry-after-s, the
+    ///   Retry-After sent on every refusal.
+    /// - Either way, a retry falls in the first slot starting at or after t + d, never in the
+    ///   slot that refused it.
     /// - `gateway serve` is the token-bucket case (--admit-rate, --admit-burst per node) and
-    ///   sends Retry-After = time to its next token rounded up to whole seconds, at least 1:
-    ///   that is 1 s for any rate of at least 1/s, hence the default R = 1 with --rate.
+    ///   paces its refusals so (`retry_after_ms` in the 429's body), and the project's client
+    ///   keeps its turn: --paced on. Its Retry-After header is that wait rounded up to whole
+    ///   seconds, at least 1 (so 1 s for a turn within a second: the default R = 1 with
+    ///   --rate), which is what --paced off models for a client that reads only the header.
     /// - The run ends when every device is connected, or after --max-seconds.
     ///
     /// With --jitter none and --initial-jitter off the result does not depend on --seed.
@@ -327,8 +336,13 @@ pub struct PlanStormArgs {
     /// Whether the first reconnect waits uniform [0, base] (on) or happens at t = 0 (off).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub initial_jitter: Switch,
-    /// `Retry-After` seconds sent with every refusal, a floor for the wait; 0 = no header
-    /// [default: 1 with --rate, as `gateway serve` sends; 0 with --per-slot].
+    /// Whether refusals are paced (token buckets only): each refused device is told its own
+    /// turn at its node's bucket and comes back then, as `gateway serve` and the project's client
+    /// do. `off` models a client that reads only `Retry-After` (--retry-after-s and --jitter).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub paced: Switch,
+    /// `Retry-After` seconds sent with every unpaced refusal, a floor for the wait; 0 = no
+    /// header [default: 1 with --rate, as `gateway serve` sends; 0 with --per-slot].
     #[arg(long)]
     pub retry_after_s: Option<u64>,
     /// Seed of the model's random draws.
@@ -386,6 +400,7 @@ impl PlanStormArgs {
             },
             initial_jitter: self.initial_jitter == Switch::On,
             retry_after_s: self.retry_after_s.unwrap_or(if self.per_slot.is_some() { 0 } else { 1 }),
+            paced: self.paced == Switch::On && self.per_slot.is_none(),
             seed: self.seed,
             max_seconds: self.max_seconds,
         }
@@ -408,11 +423,16 @@ mod tests {
         };
         let m = model("--devices 5 --rate 3 --burst 2 --nodes 2");
         assert_eq!(m.admission, Admission::TokenBucket { milli_rate_per_s: 3000, burst: 2, nodes: 2 });
-        assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms), (1, Jitter::Full, true, 10));
+        assert_eq!(
+            (m.retry_after_s, m.jitter, m.initial_jitter, m.slot_ms, m.paced),
+            (1, Jitter::Full, true, 10, true)
+        );
+        assert!(!model("--devices 5 --rate 3 --burst 2 --paced off").paced);
         let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
         assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
         assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));
         assert_eq!(model("--devices 5 --per-slot 4").retry_after_s, 0);
+        assert!(!model("--devices 5 --per-slot 4").paced, "a fixed capacity has no bucket to pace");
         // A cluster budget: each node at its share, as the servers split it.
         let m = model("--devices 5 --cluster-rate 500 --cluster-burst 100 --nodes 3");
         assert_eq!(m.admission, Admission::TokenBucket { milli_rate_per_s: 166_667, burst: 34, nodes: 3 });

@@ -10,6 +10,10 @@ use std::time::Duration;
 /// still adds to an `Instant` without overflow.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(1 << 31);
 
+/// The shortest wait a paced refusal is taken at, whatever the server says: a node that
+/// answered 0 in a loop must not have its devices redial it thousands of times a second.
+pub const MIN_PACED_WAIT: Duration = Duration::from_millis(1);
+
 /// A source of uniformly distributed 64-bit words.
 pub trait Entropy {
     fn next_u64(&mut self) -> u64;
@@ -101,6 +105,14 @@ impl<R: Entropy> Backoff<R> {
         let jittered = full_jitter(&mut self.rng, ceiling(self.base, self.cap, self.failures));
         self.failures = self.failures.saturating_add(1);
         jittered.max(retry_after.unwrap_or(Duration::ZERO))
+    }
+
+    /// The wait after a refusal that named the client's turn (a paced 429): that wait, at
+    /// least [`MIN_PACED_WAIT`]; counts as a refusal like [`Backoff::after_refusal`], so the
+    /// backoff has grown should the next refusal not be paced.
+    pub fn after_paced_refusal(&mut self, wait: Duration) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        wait.clamp(MIN_PACED_WAIT, MAX_RETRY_AFTER)
     }
 
     /// Call once a connection stayed up long enough to count as stable: the next refusal

@@ -144,7 +144,8 @@ pub enum Event {
         attempt: u64,
         after: Duration,
     },
-    /// A refusal other than 307/409: status, the body's `error`, the parsed `Retry-After`.
+    /// A refusal other than 307/409: status, the body's `error`, the parsed `Retry-After` (for
+    /// a paced 429, the body's `retry_after_ms`: the wait the device keeps).
     Refused {
         status: u16,
         reason: String,
@@ -275,6 +276,11 @@ impl Device {
                             let floor_attempt = body["floor_attempt"].as_u64().unwrap_or(0);
                             events(Event::Stale { floor_epoch, floor_attempt });
                             Outcome::Stale { floor_epoch, floor_attempt }
+                        }
+                        429 if body["retry_after_ms"].is_u64() => {
+                            let wait = Duration::from_millis(body["retry_after_ms"].as_u64().unwrap_or(0));
+                            events(Event::Refused { status, reason: text("error"), retry_after: Some(wait) });
+                            Outcome::Paced { wait }
                         }
                         _ => {
                             events(Event::Refused { status, reason: text("error"), retry_after });

@@ -32,6 +32,9 @@ pub enum Outcome {
     Ended { code: u16, goaway: bool, lasted: Duration },
     /// A refusal other than 307/409 (429, 503, 401, 400, ...).
     Refused { status: u16, retry_after: Option<Duration> },
+    /// A 429 that names the token this node holds for us (`retry_after_ms` in its body: the
+    /// node spaces the waits of the devices it refuses at its admission rate).
+    Paced { wait: Duration },
     /// 307 to `location` (None if it could not be parsed); `node` is the body's node name.
     Redirected { location: Option<Target>, node: String },
     /// 409 `stale_attempt`.
@@ -216,6 +219,14 @@ impl Policy {
                 let target = self.current.clone();
                 self.dial(target, wait, "rate_limited", None)
             }
+            // The node's own schedule: come back when our token is there, no earlier (we would be
+            // refused again) and no later (the token would wait for us, or go to someone else).
+            // Jitter would only move us off it; the node already spread us from the others.
+            Outcome::Paced { wait } => {
+                let wait = self.backoff.after_paced_refusal(wait);
+                let target = self.current.clone();
+                self.dial(target, wait, "rate_limited", None)
+            }
             Outcome::Refused { status: 503, retry_after } => {
                 self.rotate();
                 self.refusal(retry_after, "unavailable")
@@ -319,6 +330,24 @@ mod tests {
             dial(p.next(Outcome::Refused { status: 503, retry_after: Some(Duration::from_secs(1)) }));
         assert_eq!((url.as_str(), why, wait), (B, "unavailable", twin.after_refusal(Some(Duration::from_secs(1)))));
         assert_eq!(p.next(Outcome::Refused { status: 401, retry_after: None }), Step::Stop(StopReason::Unauthorized));
+    }
+
+    #[test]
+    fn a_paced_refusal_waits_exactly_the_turn_it_was_told_at_the_same_node() {
+        let (mut p, mut twin) = policy(3);
+        for (n, ms) in [1u64, 1730, 250].into_iter().enumerate() {
+            let turn = Duration::from_millis(ms);
+            let (url, wait, why, _) = dial(p.next(Outcome::Paced { wait: turn }));
+            assert_eq!((url.as_str(), wait, why), (A, turn, "rate_limited"), "refusal {n}");
+        }
+        // Counted like any refusal: a later unpaced one backs off from n = 3.
+        assert_eq!(p.backoff().failures(), 3);
+        twin.set_failures(3);
+        let (_, wait, _, _) = dial(p.next(Outcome::Refused { status: 429, retry_after: None }));
+        assert_eq!(wait, twin.after_refusal(None));
+        // A turn of 0 (no node of ours sends one) still waits a millisecond.
+        let (_, wait, _, _) = dial(p.next(Outcome::Paced { wait: Duration::ZERO }));
+        assert_eq!(wait, Duration::from_millis(1));
     }
 
     #[test]

@@ -228,9 +228,10 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let d = &cfg.device;
     let upstream =
         Upstream::new(cfg.upstream.clone(), metrics.clone(), tasks.clone(), stop.clone()).map_err(NodeError::Config)?;
+    let max_sessions = d.connection_limit(open_file_limit());
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
-        admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst)),
+        admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst, max_sessions)),
         overload: Overload::new(Duration::from_millis(d.overload_commit_ms), std::time::Instant::now()),
         sources: (d.source_rate > 0.0).then(|| Keyed::new(d.source_rate, d.source_burst, KEYED_WIDTH)),
         devices: (d.device_reconnects > 0).then(|| {
@@ -239,11 +240,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         }),
         verifier: Verifier::new(&device_secret),
         mode,
-        registry: Registry::new(Limits {
-            max_sessions: d.connection_limit(open_file_limit()),
-            queue: d.send_queue,
-            queue_bytes: d.send_queue_bytes,
-        }),
+        registry: Registry::new(Limits { max_sessions, queue: d.send_queue, queue_bytes: d.send_queue_bytes }),
         handshake_timeout: Duration::from_millis(d.handshake_timeout_ms),
         header_read_timeout: Duration::from_millis(d.header_read_timeout_ms),
         session: SessionConfig {

@@ -1,7 +1,10 @@
 //! Admission control (V4): one token bucket per node, consulted before anything of a handshake is
-//! parsed. In any window of length T it admits at most `burst + rate·T` handshakes; a refusal says
-//! when the next token will be there (`Retry-After`, whole seconds, at least 1). Pure over an
-//! injected `Instant`, so it reads no clock of its own.
+//! parsed. In any window of length T it admits at most `burst + rate·T` handshakes. A refusal
+//! names a time to come back, and the node's refusals are paced: the k-th device refused while
+//! the bucket is empty is told the k-th token to come, `k / rate` after the next one, so the
+//! refused come back at the rate the bucket admits instead of together (`retry_after_ms` in the
+//! 429's body; `Retry-After` rounds it up to whole seconds, at least 1). Pure over an injected
+//! `Instant`, so it reads no clock of its own.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -25,19 +28,30 @@ pub struct TokenBucket {
     burst: f64,
     tokens: f64,
     last: Instant,
+    /// When the last token promised to a refused client comes ([`TokenBucket::try_take_paced`]);
+    /// at or before `last` when no promise is outstanding.
+    promised_until: Instant,
 }
 
 impl TokenBucket {
     /// `rate_per_s` > 0 and `burst` ≥ 1 (validated by the config).
     pub fn new(rate_per_s: f64, burst: u32, now: Instant) -> TokenBucket {
         let burst = f64::from(burst.max(1));
-        TokenBucket { rate_per_s: refill_rate(rate_per_s), burst, tokens: burst, last: now }
+        TokenBucket { rate_per_s: refill_rate(rate_per_s), burst, tokens: burst, last: now, promised_until: now }
     }
 
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate_per_s).min(self.burst);
+        let filled = self.tokens + elapsed * self.rate_per_s;
+        self.tokens = filled.min(self.burst);
         self.last = self.last.max(now);
+        // Tokens that spilled over a full bucket were promised to clients that did not come (or
+        // came late and found it full anyway): each frees one slot of the schedule.
+        let spilled = filled - self.tokens;
+        if spilled > 0.0 && self.promised_until > self.last {
+            let freed = Duration::try_from_secs_f64(spilled / self.rate_per_s).unwrap_or(MAX_WAIT);
+            self.promised_until = self.promised_until.checked_sub(freed).unwrap_or(self.last).max(self.last);
+        }
     }
 
     /// New rate and burst from `now` on; the tokens left carry over, capped at the new burst.
@@ -51,7 +65,9 @@ impl TokenBucket {
     /// Takes one token, or answers how long until one is available.
     pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         self.refill(now);
-        if self.tokens >= 1.0 {
+        // A client back exactly when it was told finds a whole token but for the float error of
+        // the refill (far below 1e-9 of a token); the debt carries over as a tiny negative balance.
+        if self.tokens >= 1.0 - 1e-9 {
             self.tokens -= 1.0;
             Ok(())
         } else {
@@ -59,11 +75,39 @@ impl TokenBucket {
         }
     }
 
+    /// Takes one token, or promises the refused client a token of its own: the first one not
+    /// yet promised to another, so a burst of refusals is told `1/rate` apart. The wait is at
+    /// most `longest` (a promise beyond it is not booked: the client is told `longest`).
+    pub fn try_take_paced(&mut self, now: Instant, longest: Duration) -> Result<(), Duration> {
+        let wait = match self.try_take(now) {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait,
+        };
+        let Some(next) = now.checked_add(wait) else { return Err(longest.min(MAX_WAIT)) };
+        let slot = next.max(self.promised_until);
+        let wait = slot.saturating_duration_since(now);
+        if wait >= longest || self.rate_per_s == 0.0 {
+            return Err(wait.min(longest));
+        }
+        self.promised_until = slot.checked_add(secs_up(1.0 / self.rate_per_s)).unwrap_or(slot);
+        Err(wait)
+    }
+
     /// How long until the next token (after a refill).
     /// Never panics: a rate of 0 (or one too small to refill within `MAX_WAIT`) waits `MAX_WAIT`.
     fn wait(&self) -> Duration {
-        let secs = ((1.0 - self.tokens) / self.rate_per_s).max(0.0);
-        Duration::try_from_secs_f64(secs).map_or(MAX_WAIT, |d| d.min(MAX_WAIT))
+        secs_up(((1.0 - self.tokens) / self.rate_per_s).max(0.0))
+    }
+}
+
+/// `secs` rounded up to whole nanoseconds (a turn is never early for its token), at most
+/// [`MAX_WAIT`]; NaN and infinity give `MAX_WAIT`.
+fn secs_up(secs: f64) -> Duration {
+    let ns = (secs * 1e9).ceil();
+    if ns.is_finite() && ns < MAX_WAIT.as_nanos() as f64 {
+        Duration::from_nanos(ns.max(0.0) as u64)
+    } else {
+        MAX_WAIT
     }
 }
 
@@ -71,11 +115,15 @@ impl TokenBucket {
 #[derive(Debug)]
 pub struct Admission {
     bucket: Mutex<TokenBucket>,
+    /// The most devices that can be waiting for this node: its connection limit. A refusal
+    /// names no wait longer than admitting that many takes at the current rate.
+    capacity: usize,
 }
 
 impl Admission {
-    pub fn new(rate_per_s: f64, burst: u32) -> Admission {
-        Admission { bucket: Mutex::new(TokenBucket::new(rate_per_s, burst, Instant::now())) }
+    /// `capacity`: the node's connection limit (see [`Admission::admit`]).
+    pub fn new(rate_per_s: f64, burst: u32, capacity: usize) -> Admission {
+        Admission { bucket: Mutex::new(TokenBucket::new(rate_per_s, burst, Instant::now())), capacity }
     }
 
     /// Changes the rate and burst (a new share of the cluster budget); the tokens left carry
@@ -91,10 +139,14 @@ impl Admission {
         (bucket.rate_per_s, bucket.burst as u32)
     }
 
-    /// `Ok` to go on with the handshake, or `Err(retry_after_secs)` (≥ 1) for a 429.
-    pub fn admit(&self) -> Result<(), u64> {
+    /// `Ok` to go on with the handshake, or `Err(wait)` for a 429: the token promised to this
+    /// client ([`TokenBucket::try_take_paced`]). No wait is longer than admitting `capacity`
+    /// devices takes at the current rate (clients that ignore their wait and retry at once each
+    /// book a slot too; the bound keeps them from pushing the others' waits out without end).
+    pub fn admit(&self) -> Result<(), Duration> {
         let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        bucket.try_take(Instant::now()).map_err(retry_after_secs)
+        let longest = Duration::try_from_secs_f64(self.capacity as f64 / bucket.rate_per_s).unwrap_or(MAX_WAIT);
+        bucket.try_take_paced(Instant::now(), longest.clamp(Duration::from_secs(1), MAX_WAIT))
     }
 }
 
@@ -146,6 +198,12 @@ impl Keyed {
 /// `Retry-After` in whole seconds: rounded up, never 0 (a client must not retry at once).
 pub fn retry_after_secs(wait: Duration) -> u64 {
     (wait.as_secs_f64().ceil() as u64).max(1)
+}
+
+/// The same wait in whole milliseconds for the 429's body: rounded up (a client that waits it is
+/// never early for its token), never 0.
+pub fn retry_after_ms(wait: Duration) -> u64 {
+    u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX).max(1)
 }
 
 #[cfg(test)]
@@ -215,6 +273,67 @@ mod tests {
     }
 
     #[test]
+    fn refusals_are_told_turns_one_token_apart_and_each_turn_finds_its_token() {
+        let t0 = Instant::now();
+        let (rate, longest) = (10.0, Duration::from_secs(60));
+        let mut b = TokenBucket::new(rate, 2, t0);
+        for _ in 0..2 {
+            assert!(b.try_take_paced(t0, longest).is_ok());
+        }
+        // Five devices refused at once: the next token (0.1 s), then one token later each.
+        let waits: Vec<Duration> = (0..5).map(|_| b.try_take_paced(t0, longest).unwrap_err()).collect();
+        let ms: Vec<u128> = waits.iter().map(|w| w.as_micros().div_ceil(1000)).collect();
+        assert_eq!(ms, [100, 200, 300, 400, 500]);
+        // Each back exactly at its turn gets in; nobody is refused twice.
+        for w in &waits {
+            assert_eq!(b.try_take_paced(t0 + *w, longest), Ok(()), "back after {w:?}");
+        }
+        // Unpaced, all five would have been told the same 0.1 s, and four refused again then.
+        let mut plain = TokenBucket::new(rate, 2, t0);
+        let _ = (plain.try_take(t0), plain.try_take(t0));
+        let told: Vec<Duration> = (0..5).map(|_| plain.try_take(t0).unwrap_err()).collect();
+        assert!(told.iter().all(|w| *w == told[0]), "{told:?}");
+        let again = told.iter().filter(|w| plain.try_take(t0 + **w).is_err()).count();
+        assert_eq!(again, 4);
+    }
+
+    #[test]
+    fn turns_nobody_came_for_are_given_again() {
+        let t0 = Instant::now();
+        let longest = Duration::from_secs(60);
+        let mut b = TokenBucket::new(10.0, 1, t0);
+        assert!(b.try_take_paced(t0, longest).is_ok());
+        for _ in 0..200 {
+            let _ = b.try_take_paced(t0, longest);
+        }
+        // Turns were promised up to 20 s, and none of the devices told 0.1–10 s came back. At
+        // 10 s the bucket has spilled 99 of the tokens that were theirs: 99 turns are free
+        // again, so the next refusal is told 0.2 s, not the 10.1 s still booked without that.
+        let t = t0 + Duration::from_secs(10);
+        assert!(b.try_take_paced(t, longest).is_ok());
+        let wait = b.try_take_paced(t, longest).unwrap_err();
+        assert!(wait <= Duration::from_millis(201), "{wait:?}");
+    }
+
+    #[test]
+    fn no_turn_is_further_out_than_the_longest_wait() {
+        let t0 = Instant::now();
+        let longest = Duration::from_secs(1);
+        let mut b = TokenBucket::new(10.0, 1, t0);
+        assert!(b.try_take_paced(t0, longest).is_ok());
+        // Clients that retry at once (ignoring their turn) each book one: after ten, every
+        // refusal is told the longest wait, and booking stops there.
+        let waits: Vec<Duration> = (0..50).map(|_| b.try_take_paced(t0, longest).unwrap_err()).collect();
+        assert!(waits.iter().all(|w| *w <= longest), "{waits:?}");
+        assert!(waits[10..].iter().all(|w| *w == longest), "{waits:?}");
+        // The node's bound: admitting its connection limit at its rate, at least 1 s.
+        let a = Admission::new(100.0, 1, 500);
+        assert!(a.admit().is_ok());
+        let last = (0..2000).map(|_| a.admit().unwrap_err()).max().unwrap();
+        assert!(last <= Duration::from_secs(5) && last > Duration::from_millis(4900), "{last:?}");
+    }
+
+    #[test]
     fn retry_after_is_whole_seconds_and_never_zero() {
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
@@ -223,6 +342,34 @@ mod tests {
     }
 
     proptest! {
+        /// Devices refused by an empty bucket, each back at (or after, by less than the burst's
+        /// worth of tokens) the turn it was told, all get in on that return.
+        #[test]
+        fn every_device_back_on_its_turn_is_admitted(
+            rate in 1u32..5000,
+            burst in 1u32..50,
+            refused in 1usize..300,
+            late_ns in proptest::collection::vec(0u64..1_000_000, 300),
+        ) {
+            let (t0, longest) = (Instant::now(), MAX_WAIT);
+            let mut b = TokenBucket::new(f64::from(rate), burst, t0);
+            for _ in 0..burst {
+                prop_assert!(b.try_take_paced(t0, longest).is_ok());
+            }
+            // A device late by up to burst − 1 turns: the bucket holds its token meanwhile.
+            let most_late_ns = 1e9 / f64::from(rate) * f64::from(burst - 1) * 0.99;
+            let mut back: Vec<Instant> = (0..refused)
+                .map(|k| {
+                    let late = Duration::from_nanos((late_ns[k] as f64 / 1e6 * most_late_ns) as u64);
+                    t0 + b.try_take_paced(t0, longest).unwrap_err() + late
+                })
+                .collect();
+            back.sort();
+            for (k, at) in back.iter().enumerate() {
+                prop_assert!(b.try_take_paced(*at, longest).is_ok(), "device {k} of {refused} refused again at its turn");
+            }
+        }
+
         /// V4: in every window of length T the bucket admits at most burst + rate·T.
         #[test]
         fn never_admits_more_than_burst_plus_rate_times_window(

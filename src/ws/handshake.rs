@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use rand::RngCore;
 
+use super::admission;
 use super::placement::{place, successor};
 use super::session::{self, Ended};
 use super::stream::{Acker, StreamCursor};
@@ -53,8 +54,10 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
             return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "source_rate_limited").retry_after(secs));
         }
     }
-    if let Err(secs) = g.admission.admit() {
-        return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited").retry_after(secs));
+    if let Err(wait) = g.admission.admit() {
+        return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited")
+            .retry_after(admission::retry_after_secs(wait))
+            .field("retry_after_ms", admission::retry_after_ms(wait)));
     }
     let now = std::time::Instant::now();
     g.overload.observe_term(g.cluster.term(), now);

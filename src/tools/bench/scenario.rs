@@ -158,6 +158,7 @@ fn model(
         jitter: Jitter::Full,
         initial_jitter: true,
         retry_after_s: 1,
+        paced: true,
         seed: 1,
         max_seconds: 86_400,
     };

@@ -23,13 +23,19 @@
 //!     capacity does not carry over.
 //! - Within a slot, attempts are admitted most-failures-first (devices that have waited
 //!   longest), until capacity runs out; the rest are refused.
-//! - A device refused for the n-th time (n = 0 first) waits `d` ms: with jitter `none`,
+//! - Unpaced, a device refused for the n-th time (n = 0 first) waits `d` ms: with jitter `none`,
 //!   exactly `min(cap, base·2^n)`; with `full`, uniform in `[0, min(cap, base·2^n)]`; then
 //!   `d = max(d, retry_after)`. Its next attempt falls in the first slot starting at or after
 //!   `t + d`, and never in the slot that refused it.
-//! - Retry-After: `retry_after_s` whole seconds on every refusal (0 = no header). The server's
-//!   admission (`ws::admission`) sends the time to its next token rounded up to whole seconds,
-//!   at least 1, which is exactly 1 s whenever the rate is at least 1/s.
+//! - Paced refusals (`paced`, token buckets only; what `gateway serve` and the project's client
+//!   do): a node refusing a device promises it the first token not yet promised to another, the
+//!   next token for the first refusal and `1/rate` later for each one after it, and the device
+//!   waits exactly until then (rounded up to whole ms), with no jitter; when tokens spill over a
+//!   full bucket (promised devices that did not come), each frees one turn. A device refused
+//!   again (its token went to a first attempt) is promised a later one.
+//! - Unpaced, Retry-After: `retry_after_s` whole seconds on every refusal (0 = no header), a
+//!   floor under the backoff: what a client that reads only the header does. `ws::admission`
+//!   sends its wait rounded up to whole seconds, at least 1.
 //! - The run stops when every device is connected or after `max_seconds` of simulated time.
 //!
 //! With jitter `none` and no initial jitter nothing is random: the seed does not matter.
@@ -84,8 +90,10 @@ pub struct StormModel {
     pub cap_ms: u64,
     pub jitter: Jitter,
     pub initial_jitter: bool,
-    /// The `Retry-After` floor sent with every refusal; 0 = none.
+    /// The `Retry-After` floor sent with every refusal; 0 = none. Unpaced refusals only.
     pub retry_after_s: u64,
+    /// Refusals name each device's turn at its node's bucket (the servers' pacing).
+    pub paced: bool,
     pub seed: u64,
     pub max_seconds: u64,
 }

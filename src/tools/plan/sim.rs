@@ -40,8 +40,21 @@ impl Calendar {
 
 /// The server side: how many admissions a node has left in the current slot.
 enum Gate {
-    Buckets { milli_tokens: Vec<u64>, refilled_at: Vec<u64>, refill_per_slot: u64, full: u64 },
-    PerSlot { per_slot: u64, left: u64 },
+    Buckets {
+        milli_tokens: Vec<u64>,
+        refilled_at: Vec<u64>,
+        refill_per_slot: u64,
+        full: u64,
+        /// Per node, when (µs since the drop) the last token promised to a refused device comes,
+        /// as `ws::admission` paces refusals.
+        promised_us: Vec<f64>,
+        /// µs per token.
+        token_us: f64,
+    },
+    PerSlot {
+        per_slot: u64,
+        left: u64,
+    },
 }
 
 impl Gate {
@@ -53,12 +66,16 @@ impl Gate {
 
     fn available(&mut self, node: u32, slot: u64) -> u64 {
         match self {
-            Gate::Buckets { milli_tokens, refilled_at, refill_per_slot, full } => {
+            Gate::Buckets { milli_tokens, refilled_at, refill_per_slot, full, promised_us, token_us } => {
                 let k = node as usize;
                 let elapsed = slot - refilled_at[k];
-                let refill = refill_per_slot.saturating_mul(elapsed);
-                milli_tokens[k] = milli_tokens[k].saturating_add(refill).min(*full);
+                let filled = milli_tokens[k].saturating_add(refill_per_slot.saturating_mul(elapsed));
+                milli_tokens[k] = filled.min(*full);
                 refilled_at[k] = slot;
+                // Tokens spilled over a full bucket were promised to devices that did not come:
+                // each frees a slot of the schedule (as the servers do).
+                let spilled = (filled - milli_tokens[k]) as f64 / MILLI as f64;
+                promised_us[k] -= spilled * *token_us;
                 milli_tokens[k] / MILLI
             }
             Gate::PerSlot { left, .. } => *left,
@@ -71,12 +88,23 @@ impl Gate {
             Gate::PerSlot { left, .. } => *left -= admitted,
         }
     }
+
+    /// A paced refusal at `at_us` on `node` (whose bucket holds less than a token): the wait
+    /// until the first token not yet promised, which is now promised to this device.
+    fn promise(&mut self, node: u32, at_us: f64) -> Option<f64> {
+        let Gate::Buckets { milli_tokens, promised_us, token_us, .. } = self else { return None };
+        let k = node as usize;
+        let short = (MILLI - milli_tokens[k].min(MILLI)) as f64 / MILLI as f64;
+        let turn = (at_us + short * *token_us).max(promised_us[k]);
+        promised_us[k] = turn + *token_us;
+        Some(turn - at_us)
+    }
 }
 
 /// Runs the model (see the module docs) and returns its figures.
 pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
     let nodes = validate(m)?;
-    let max_delay_ms = m.cap_ms.max(m.base_ms).max(m.retry_after_s.saturating_mul(1000));
+    let max_delay_ms = m.cap_ms.max(m.base_ms).max(m.retry_after_s.saturating_mul(1000)).max(longest_turn_ms(m, nodes));
     let ahead = max_delay_ms.div_ceil(m.slot_ms).max(1);
     if ahead > MAX_SLOTS_AHEAD {
         return Err(PlanError::TooManySlots {
@@ -96,6 +124,8 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
             refilled_at: vec![0; nodes as usize],
             refill_per_slot: milli_rate_per_s.saturating_mul(m.slot_ms) / 1000,
             full: burst.saturating_mul(MILLI),
+            promised_us: vec![0.0; nodes as usize],
+            token_us: 1e9 / milli_rate_per_s as f64,
         },
         Admission::PerSlot { per_slot } => Gate::PerSlot { per_slot, left: per_slot },
     };
@@ -172,6 +202,15 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
                 let next = Group { failures: g.failures.saturating_add(1), node: g.node, count: 1 };
                 let retry_slot = |delay_ms: u64| slot + delay_ms.max(retry_after_ms).div_ceil(m.slot_ms).max(1);
                 match m.jitter {
+                    _ if m.paced && matches!(gate, Gate::Buckets { .. }) => {
+                        // Each refused device waits for the token promised to it, rounded up to
+                        // the client's whole milliseconds.
+                        for _ in 0..refused {
+                            let wait_us = gate.promise(g.node, (at_ms * 1000) as f64).unwrap_or(0.0);
+                            let wait_ms = (wait_us / 1000.0).ceil().max(1.0) as u64;
+                            cal.push(slot + wait_ms.div_ceil(m.slot_ms).max(1), next);
+                        }
+                    }
                     Jitter::None => cal.push(retry_slot(ceil_ms), Group { count: refused, ..next }),
                     Jitter::Full => {
                         for _ in 0..refused {
@@ -188,6 +227,18 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
     r.connected = connected as u32;
     [r.p50_connected_ms, r.p99_connected_ms, r.all_connected_ms] = reached;
     Ok(r)
+}
+
+/// The longest wait a paced refusal can name: a node's schedule holds at most one turn per device
+/// waiting for it (a device refused again has had its earlier turn), plus the next token.
+fn longest_turn_ms(m: &StormModel, nodes: u32) -> u64 {
+    match m.admission {
+        Admission::TokenBucket { milli_rate_per_s, .. } if m.paced => {
+            let waiting = u64::from(m.devices.div_ceil(nodes)) + 2;
+            waiting.saturating_mul(1_000_000).div_ceil(milli_rate_per_s)
+        }
+        _ => 0,
+    }
 }
 
 /// Checks the model's numbers; returns the node count.
