@@ -18,6 +18,12 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// Why something happened (a suspicion's `silent` or `refused`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 /// A TLS event on one listener (`public`, `cluster`): a handshake's or a certificate reload's result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TlsLabel {
@@ -94,8 +100,9 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Nodes this node swept as leader.
     pub nodes_expired: Counter,
-    /// Members this node suspected as leader (they stopped answering its probes).
-    pub suspicions: Counter,
+    /// Members this node suspected as leader, by why: `silent` (no answer for an election
+    /// timeout) or `refused` (their cluster port refused two probes in a row: the process is gone).
+    pub suspicions: Family<ReasonLabel, Counter>,
     /// Members whose applied state is `suspect` (out of the ring, lease and routes kept).
     pub suspect_nodes: Gauge,
     pub raft_term: Gauge,
@@ -156,7 +163,7 @@ impl Default for Metrics {
             propose_lease_waits: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
-            suspicions: Counter::default(),
+            suspicions: Family::default(),
             suspect_nodes: Gauge::default(),
             handshakes: Family::default(),
             stream_heads: Family::default(),
@@ -285,7 +292,7 @@ impl Default for Metrics {
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
         registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());
-        registry.register("suspicions", "Members this node suspected as leader", m.suspicions.clone());
+        registry.register("suspicions", "Members this node suspected as leader, by reason", m.suspicions.clone());
         registry.register("suspect_nodes", "Members in state suspect (out of the ring)", m.suspect_nodes.clone());
         registry.register("raft_term", "Current Raft term", m.raft_term.clone());
         registry.register("raft_is_leader", "1 if this node leads", m.raft_is_leader.clone());

@@ -1,5 +1,6 @@
 //! Failure suspicion (issue 9): a member that stops answering the leader leaves the ring on every
-//! node within about two election timeouts — long before its lease lapses — while keeping its
+//! node within about two election timeouts — long before its lease lapses; one whose cluster port
+//! refuses connections (killed) within two heartbeats, counted as `refused` — while keeping its
 //! lease and routes; its own renewal brings it back after the hold, and a node paused briefly and
 //! often is never swept and moves the ring a bounded number of times.
 
@@ -30,6 +31,12 @@ fn routes_of(c: &Cluster, on: usize, name: &str) -> Option<u64> {
     s["members"].as_array()?.iter().find(|m| m["name"] == name)?["routes"].as_u64()
 }
 
+/// The suspicions the survivors counted with this `reason`.
+fn suspicions(c: &Cluster, survivors: &[usize], reason: &str) -> f64 {
+    let labels = format!(r#"reason="{reason}""#);
+    survivors.iter().filter_map(|&i| c.metric_labeled(i, "gateway_suspicions_total", &labels)).sum()
+}
+
 #[test]
 fn a_killed_follower_leaves_the_ring_in_seconds_keeps_its_routes_and_rejoins_after_restart() {
     assert!(suspect_bound() < Duration::from_millis(TIMING.lease_ms), "the bound must beat the lease path");
@@ -54,8 +61,10 @@ fn a_killed_follower_leaves_the_ring_in_seconds_keeps_its_routes_and_rejoins_aft
     assert_eq!(out.member(&name).map(|m| m.state.as_str()), Some("suspect"), "dropped by suspicion, not by a sweep");
     assert!(took <= suspect_bound(), "took {took:?}, bound {:?}", suspect_bound());
     assert_eq!(routes_of(&c, survivors[0], &name), Some(5), "a suspect keeps its routes until a sweep");
-    let suspicions: f64 = survivors.iter().filter_map(|&i| c.metric(i, "gateway_suspicions_total")).sum();
-    assert!(suspicions >= 1.0, "the leader counted the suspicion");
+    // Its port refused the leader's probes (nothing listens there): suspected for that, before
+    // a window of silence ran out.
+    let by = |reason: &str| suspicions(&c, &survivors, reason);
+    assert!(by("refused") >= 1.0, "the leader counted the suspicion as refused (silent: {})", by("silent"));
     assert_eq!(c.metric(survivors[0], "gateway_suspect_nodes"), Some(1.0));
 
     // Restarted on its data dir, it renews; after the hold it is live and in the ring again.
@@ -122,6 +131,10 @@ fn a_node_paused_briefly_and_often_is_never_swept_and_moves_the_ring_boundedly()
     );
     assert!(!states.contains("expired"), "a node paused for less than a lease was swept");
     assert!(states.contains("suspect"), "pauses of {pause:?} should be suspected");
+    // A paused process's port still accepts connections (the kernel answers for it): each pause
+    // was suspected as silent, never as refused.
+    let by = |reason: &str| suspicions(&c, &survivors, reason);
+    assert!(by("silent") >= 1.0 && by("refused") == 0.0, "silent {}, refused {}", by("silent"), by("refused"));
     assert!(changes <= 2 * CYCLES, "{changes} ring changes for {CYCLES} pauses");
     for k in 0..3u64 {
         let (status, v) = c.route(survivors[1], &format!("p-d{k}"));

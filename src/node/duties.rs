@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ClusterWatch, Handle};
 use crate::config::Timing;
-use crate::http::HttpClient;
+use crate::http::{HttpClient, HttpError};
 use crate::machine::{LeaseState, NodeId, Renew};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReasonLabel};
 use crate::ws::admission::Admission;
 use crate::ws::registry::Registry;
 use crate::ws::Mode;
@@ -27,45 +27,109 @@ use crate::ws::Mode;
 /// disconnect wave of 42,750 devices held a 57,000-device leader's runtime for ~2 s), answers
 /// may be waiting unread and a member cannot be told from a silent one, so every member gets a
 /// fresh window; false suspicions took both healthy followers out of the ring in that wave.
+///
+/// A member whose cluster port refused the connection of [`REFUSED_PROBES`] probes in a row is
+/// suspected at once, without waiting out the window: nothing listens there, so its process is
+/// gone (a paused or partitioned member times out instead). That takes a killed member out of the
+/// ring, and out of the admission budget's split, within two heartbeats rather than an election
+/// timeout, while its devices are coming back.
 struct Silence {
     every: Duration,
     window: Duration,
     /// member → when it last answered (or when its window began).
     heard: BTreeMap<NodeId, Instant>,
+    /// member → probes refused in a row since it last answered.
+    refused: BTreeMap<NodeId, u32>,
     last_tick: Option<Instant>,
+}
+
+/// Refused probes in a row that suspect a member before its window ends.
+const REFUSED_PROBES: u32 = 2;
+
+/// How a probe of a member ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    Answered,
+    /// Its cluster port refused the connection.
+    Refused,
+    /// No answer in time, or an error answer.
+    Silent,
+}
+
+/// Why a member is suspected (the `reason` of `gateway_suspicions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Silent,
+    Refused,
+}
+
+impl Why {
+    fn label(self) -> &'static str {
+        match self {
+            Why::Silent => "silent",
+            Why::Refused => "refused",
+        }
+    }
 }
 
 impl Silence {
     fn new(every: Duration, window: Duration) -> Silence {
-        Silence { every, window, heard: BTreeMap::new(), last_tick: None }
+        Silence { every, window, heard: BTreeMap::new(), refused: BTreeMap::new(), last_tick: None }
     }
 
     /// Starts over (another term, or no longer the leader).
     fn forget(&mut self) {
         self.heard.clear();
+        self.refused.clear();
         self.last_tick = None;
     }
 
-    fn answered(&mut self, id: NodeId, at: Instant) {
-        self.heard.insert(id, at);
+    fn probed(&mut self, id: NodeId, probe: Probe, at: Instant) {
+        match probe {
+            Probe::Answered => {
+                self.heard.insert(id, at);
+                self.refused.remove(&id);
+            }
+            Probe::Refused => *self.refused.entry(id).or_default() += 1,
+            Probe::Silent => {
+                self.refused.remove(&id);
+            }
+        }
     }
 
-    /// A tick at `now` over the `live` members: those silent for longer than the window, and for
-    /// how long. A member that left the live set gets a fresh window if it comes back.
-    fn tick(&mut self, now: Instant, live: &[NodeId]) -> Vec<(NodeId, Duration)> {
+    /// A tick at `now` over the `live` members: those silent for longer than the window, or
+    /// refused [`REFUSED_PROBES`] times in a row, for how long and why. A member that left the
+    /// live set gets a fresh window if it comes back.
+    fn tick(&mut self, now: Instant, live: &[NodeId]) -> Vec<(NodeId, Duration, Why)> {
         let stalled = self.last_tick.is_some_and(|t| now.saturating_duration_since(t) > self.every + self.window / 2);
         self.last_tick = Some(now);
         self.heard.retain(|id, _| live.contains(id));
+        self.refused.retain(|id, _| live.contains(id));
         if stalled {
             self.heard.values_mut().for_each(|at| *at = now);
         }
         live.iter()
             .filter_map(|id| {
                 let quiet = now.saturating_duration_since(*self.heard.entry(*id).or_insert(now));
-                (quiet > self.window).then_some((*id, quiet))
+                if quiet > self.window {
+                    Some((*id, quiet, Why::Silent))
+                } else if self.refused.get(id).is_some_and(|n| *n >= REFUSED_PROBES) {
+                    Some((*id, quiet, Why::Refused))
+                } else {
+                    None
+                }
             })
             .collect()
     }
+}
+
+/// Whether `addr`'s port refuses a TCP connection within `within`: nothing listens there (the
+/// host answered for it). A timeout, or any other error, is not a refusal.
+async fn port_refuses(addr: &str, within: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(within, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// Renewals per lease. A node fences itself when none of its renewals committed for 4/5 of a lease,
@@ -344,11 +408,7 @@ pub async fn prompt_election_loop(cluster: Handle, timing: Timing, cancel: Cance
         }
         let Some(silent) = cluster.since_last_append().filter(|s| *s >= 2 * heartbeat) else { continue };
         let Some(addr) = view.member(leader).map(|m| m.cluster_addr.clone()) else { continue };
-        let refused = matches!(
-            tokio::time::timeout(heartbeat, tokio::net::TcpStream::connect(&addr)).await,
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
-        );
-        if !refused {
+        if !port_refuses(&addr, heartbeat).await {
             continue;
         }
         let jitter = Duration::from_millis(rand::random::<u64>() % (timing.election_timeout_ms / 2).max(1));
@@ -406,17 +466,15 @@ pub async fn suspect_loop(
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
-            Some(Ok((id, ok))) = probes.join_next(), if !probes.is_empty() => {
-                if ok {
-                    silence.answered(id, Instant::now());
-                }
+            Some(Ok((id, probe))) = probes.join_next(), if !probes.is_empty() => {
+                silence.probed(id, probe, Instant::now());
                 continue;
             }
         }
         // Answers that came in while this task waited for its turn count before any judgment.
         while let Some(done) = probes.try_join_next() {
-            if let Ok((id, true)) = done {
-                silence.answered(id, Instant::now());
+            if let Ok((id, probe)) = done {
+                silence.probed(id, probe, Instant::now());
             }
         }
         let (leader, now_term) = cluster.leadership().now();
@@ -440,11 +498,11 @@ pub async fn suspect_loop(
         let ids: Vec<NodeId> = live.iter().map(|(id, _)| *id).collect();
         let silent = silence.tick(Instant::now(), &ids);
         for (id, addr) in &live {
-            if let Some((_, quiet)) = silent.iter().find(|(s, _)| s == id) {
+            if let Some((_, quiet, why)) = silent.iter().find(|(s, ..)| s == id) {
                 match cluster.suspect(*id, suspect_hold_ms(&timing)).await {
                     Ok(true) => {
-                        metrics.suspicions.inc();
-                        tracing::warn!(node = id, silent = ?quiet, "leader: suspected a silent member; out of the ring");
+                        metrics.suspicions.get_or_create(&ReasonLabel { reason: why.label() }).inc();
+                        tracing::warn!(node = id, silent = ?quiet, why = why.label(), "leader: suspected a member; out of the ring");
                     }
                     Ok(false) => {}
                     Err(e) => tracing::warn!(node = id, error = %e, "leader: suspicion did not commit"),
@@ -454,8 +512,13 @@ pub async fn suspect_loop(
             let (http, addr, id) = (http.clone(), addr.clone(), *id);
             probes.spawn(async move {
                 let path = format!("/cluster/ping?target={id}");
-                let answered = http.get(&addr, &path, suspect_after).await;
-                (id, matches!(answered, Ok((status, _)) if status.is_success()))
+                let probe = match http.get(&addr, &path, suspect_after).await {
+                    Ok((status, _)) if status.is_success() => Probe::Answered,
+                    // The client's error does not keep the cause: ask the port itself.
+                    Err(HttpError::Connect { .. }) if port_refuses(&addr, every).await => Probe::Refused,
+                    _ => Probe::Silent,
+                };
+                (id, probe)
             });
         }
     }
@@ -510,6 +573,36 @@ mod tests {
     use crate::node::lifecycle::FENCE_MARGIN_DIVISOR;
 
     #[test]
+    fn a_member_whose_port_refuses_twice_in_a_row_is_suspected_before_its_window() {
+        let (every, window) = (Duration::from_millis(250), Duration::from_millis(1000));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = Silence::new(every, window);
+        for id in [1, 2, 3] {
+            s.probed(id, Probe::Answered, at(0));
+        }
+        assert!(s.tick(at(0), &[1, 2, 3]).is_empty());
+        // Member 2's port refuses from 250 ms on; member 3's refuses once, then times out once,
+        // then refuses once more: never two refusals in a row.
+        s.probed(2, Probe::Refused, at(250));
+        s.probed(3, Probe::Refused, at(250));
+        assert!(s.tick(at(250), &[1, 2, 3]).is_empty(), "one refusal is not enough");
+        s.probed(2, Probe::Refused, at(500));
+        s.probed(3, Probe::Silent, at(500));
+        assert_eq!(s.tick(at(500), &[1, 2, 3]), vec![(2, Duration::from_millis(500), Why::Refused)]);
+        s.probed(3, Probe::Refused, at(750));
+        assert!(s.tick(at(750), &[1, 3]).is_empty());
+        // An answer clears the streak; so does a new term.
+        s.probed(1, Probe::Refused, at(800));
+        s.probed(1, Probe::Answered, at(900));
+        s.probed(1, Probe::Refused, at(1000));
+        assert!(s.tick(at(1000), &[1, 3]).iter().all(|(id, ..)| *id != 1));
+        s.forget();
+        s.probed(1, Probe::Refused, at(1100));
+        assert!(s.tick(at(1100), &[1]).is_empty());
+    }
+
+    #[test]
     fn a_member_is_silent_after_a_window_without_an_answer_the_leader_watched() {
         let (every, window) = (Duration::from_millis(250), Duration::from_millis(1000));
         let t0 = Instant::now();
@@ -518,18 +611,18 @@ mod tests {
         // Ticks every 250 ms: member 1 answers throughout, member 2 never does.
         let mut suspects = Vec::new();
         for k in 0..=5 {
-            s.answered(1, at(k * 250));
+            s.probed(1, Probe::Answered, at(k * 250));
             suspects = s.tick(at(k * 250), &[1, 2]);
             if k < 5 {
                 assert!(suspects.is_empty(), "tick {k}: {suspects:?}");
             }
         }
-        assert_eq!(suspects, vec![(2, Duration::from_millis(1250))], "silent for a whole window");
+        assert_eq!(suspects, vec![(2, Duration::from_millis(1250), Why::Silent)], "silent for a whole window");
         // The leader's own ticks stop for 2 s (its runtime starved): nobody answers in between as
         // far as it can tell, but nobody is judged over a stretch it did not watch.
         let mut s = Silence::new(every, window);
         s.tick(at(0), &[1, 2]);
-        s.answered(1, at(0));
+        s.probed(1, Probe::Answered, at(0));
         assert!(s.tick(at(2000), &[1, 2]).is_empty(), "a stalled leader suspects nobody at once");
         // Watching again: a member still silent a window later is suspected.
         for ms in [2250, 2500, 2750, 3000] {
@@ -538,7 +631,7 @@ mod tests {
         assert_eq!(s.tick(at(3250), &[1, 2]).len(), 2, "both silent for a watched window");
         // A member that left the live set and comes back gets a fresh window.
         s.tick(at(3500), &[1]);
-        assert!(s.tick(at(3750), &[1, 2]).iter().all(|(id, _)| *id != 2));
+        assert!(s.tick(at(3750), &[1, 2]).iter().all(|(id, ..)| *id != 2));
     }
 
     #[test]
