@@ -25,7 +25,8 @@
 //! - [`answer`] HTTP answers and the one mapping from a write's reply or error to status, reason
 //!   and `Retry-After`, shared by [`ws`] and [`api`].
 //! - [`node`] composition root: data dir, identity, secrets, stores, Raft, handle, listeners and
-//!   duties (lease renewal, the leader's extend/sweep), lifecycle (start, drain, fencing), and
+//!   duties (lease renewal, the leader's extend/sweep), the failure detector (suspicion, prompt
+//!   elections), lifecycle (start, drain, fencing), and
 //!   the allocator trim that hands a burst's freed heap back.
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline, the TLS
 //!   handshake under that deadline), request ids (`x-request-id`, a span per request) and the
@@ -56,7 +57,8 @@
 //! - `store` imports only `machine` and `codec`: it knows redb and the domain's values, not
 //!   openraft. `raft` sits under `cluster` (never the reverse) and above `store`.
 //! - `ws` and `api` see the cluster only through `cluster` (the port) and `view`: no `store`,
-//!   `raft`, proposer, raw `Command` or crate-wide `Reply`; nor do `node::{duties, lifecycle}`.
+//!   `raft`, proposer, raw `Command` or crate-wide `Reply`; nor do `node::{duties, detector,
+//!   lifecycle}`.
 //! - `upstream` imports only `config`, `metrics` and `protocol`: the session hands it ups and
 //!   writes its answers; it never sees the cluster, and never logs a payload.
 //! - `tls` imports only `config` and `metrics`; `server` only `tls` and `metrics`.

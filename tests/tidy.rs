@@ -45,8 +45,8 @@ fn allowed(module: &str) -> Option<&'static [&'static str]> {
         "client" => &["protocol"],
         "tools" => &["client", "protocol", "http", "wire", "machine", "token", "secrets", "clock", "tools", "tls"],
         "cli" => &["config", "tools"],
-        // The node's duties and lifecycle decide through the port too.
-        "node/duties" | "node/lifecycle" => {
+        // The node's duties, failure detector and lifecycle decide through the port too.
+        "node/duties" | "node/detector" | "node/lifecycle" => {
             &["cluster", "machine", "view", "ws", "config", "metrics", "clock", "protocol", "http", "tools"]
         }
         "node" | "lib" | "main" => return None,
@@ -59,7 +59,7 @@ const PURE: &[&str] = &["machine", "ring", "view", "codec", "protocol"];
 
 struct File {
     path: PathBuf,
-    /// The top-level module (`ws`, `machine`, …), or `node/duties` and `node/lifecycle`.
+    /// The top-level module (`ws`, `machine`, …), or `node/duties`, `node/detector` and `node/lifecycle`.
     module: String,
     /// The source without comment lines.
     code: Vec<(usize, String)>,
@@ -102,7 +102,7 @@ fn sources() -> Vec<File> {
             let rel = path.strip_prefix(&src).unwrap();
             let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
             let mut module = first.trim_end_matches(".rs").to_string();
-            if rel == Path::new("node/duties.rs") || rel == Path::new("node/lifecycle.rs") {
+            if ["node/duties.rs", "node/detector.rs", "node/lifecycle.rs"].iter().any(|p| rel == Path::new(p)) {
                 module = rel.with_extension("").to_string_lossy().into_owned();
             }
             let text = std::fs::read_to_string(&path).unwrap();
@@ -225,6 +225,7 @@ fn the_edges_never_build_a_raw_command_or_match_the_crate_wide_reply() {
     let edge = |f: &File| {
         matches!(f.module.as_str(), "ws" | "api" | "answer")
             || f.path.ends_with("node/duties.rs")
+            || f.path.ends_with("node/detector.rs")
             || f.path.ends_with("node/lifecycle.rs")
     };
     let mut broken = Vec::new();
@@ -257,8 +258,19 @@ fn client_and_tools_import_no_server_module() {
 /// bare spawn is a session's reader, owned by the session, which awaits or aborts it.
 #[test]
 fn server_tasks_are_spawned_on_a_tracker() {
-    let server =
-        ["node", "ws", "api", "cluster", "raft", "store", "server", "node/duties", "node/lifecycle", "upstream"];
+    let server = [
+        "node",
+        "ws",
+        "api",
+        "cluster",
+        "raft",
+        "store",
+        "server",
+        "node/duties",
+        "node/detector",
+        "node/lifecycle",
+        "upstream",
+    ];
     let mut broken = Vec::new();
     for f in sources().iter().filter(|f| server.contains(&f.module.as_str())) {
         if f.path.ends_with("ws/session.rs") {

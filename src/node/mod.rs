@@ -11,6 +11,7 @@
 //! deadline (one heartbeat) for half a minute, nothing committed, and every survivor fenced.
 
 pub mod allocator;
+pub mod detector;
 pub mod duties;
 pub mod identity;
 pub mod lifecycle;
@@ -338,9 +339,9 @@ impl Node {
             Box::pin(duties::leader_loop(cluster.clone(), t.clone(), self.metrics.clone(), stop.clone())),
         );
         let suspect =
-            duties::suspect_loop(cluster.clone(), self.cluster_http, t.clone(), self.metrics.clone(), stop.clone());
+            detector::suspect_loop(cluster.clone(), self.cluster_http, t.clone(), self.metrics.clone(), stop.clone());
         spawn_cluster("suspect", Box::pin(suspect));
-        let elect = duties::prompt_election_loop(cluster.clone(), t.clone(), stop.clone());
+        let elect = detector::prompt_election_loop(cluster.clone(), t.clone(), stop.clone());
         spawn_cluster("prompt-election", Box::pin(elect));
         spawn("allocator", Box::pin(allocator::run(self.metrics.clone(), stop.clone())));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
