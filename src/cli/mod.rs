@@ -183,9 +183,8 @@ pub enum Command {
     /// - With --paced on (the default with a token bucket), a node refusing a device promises
     ///   it the first token not yet promised to another: the next token for the first refusal,
     ///   one token (1/rate) later for each after it; the device waits exactly until then
-    ///   (rounded up to whole ms). Tokens spilled over a full bucket (promised to devices that
-    ///   did not come) free a turn each. A device whose token went to a first attempt is
-    ///   refused again and promised a later one.
+    ///   (rounded up to whole ms). A device whose token went to a first attempt is refused
+    ///   again and promised a later one.
     /// - With --paced off (or --per-slot), after its n-th refusal (n = 0 first) a device waits
     ///   d ms: --jitter none, exactly min(cap, base*2^n); --jitter full, uniform in
     ///   [0, min(cap, base*2^n)]; then d = max(d, R s) with R = --retry-after-s, the

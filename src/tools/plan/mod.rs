@@ -30,9 +30,8 @@
 //! - Paced refusals (`paced`, token buckets only; what `gateway serve` and the project's client
 //!   do): a node refusing a device promises it the first token not yet promised to another, the
 //!   next token for the first refusal and `1/rate` later for each one after it, and the device
-//!   waits exactly until then (rounded up to whole ms), with no jitter; when tokens spill over a
-//!   full bucket (promised devices that did not come), each frees one turn. A device refused
-//!   again (its token went to a first attempt) is promised a later one.
+//!   waits exactly until then (rounded up to whole ms), with no jitter. A device refused again
+//!   (its token went to a first attempt) is promised a later one.
 //! - Unpaced, Retry-After: `retry_after_s` whole seconds on every refusal (0 = no header), a
 //!   floor under the backoff: what a client that reads only the header does. `ws::admission`
 //!   sends its wait rounded up to whole seconds, at least 1.

@@ -66,16 +66,12 @@ impl Gate {
 
     fn available(&mut self, node: u32, slot: u64) -> u64 {
         match self {
-            Gate::Buckets { milli_tokens, refilled_at, refill_per_slot, full, promised_us, token_us } => {
+            Gate::Buckets { milli_tokens, refilled_at, refill_per_slot, full, .. } => {
                 let k = node as usize;
                 let elapsed = slot - refilled_at[k];
-                let filled = milli_tokens[k].saturating_add(refill_per_slot.saturating_mul(elapsed));
-                milli_tokens[k] = filled.min(*full);
+                let refill = refill_per_slot.saturating_mul(elapsed);
+                milli_tokens[k] = milli_tokens[k].saturating_add(refill).min(*full);
                 refilled_at[k] = slot;
-                // Tokens spilled over a full bucket were promised to devices that did not come:
-                // each frees a slot of the schedule (as the servers do).
-                let spilled = (filled - milli_tokens[k]) as f64 / MILLI as f64;
-                promised_us[k] -= spilled * *token_us;
                 milli_tokens[k] / MILLI
             }
             Gate::PerSlot { left, .. } => *left,
