@@ -29,7 +29,12 @@ pub struct TokenBucket {
     tokens: f64,
     last: Instant,
     /// When the last token promised to a refused client comes ([`TokenBucket::try_take_paced`]);
-    /// at or before `last` when no promise is outstanding.
+    /// at or before `last` when no promise is outstanding. Tokens spilled over a full bucket
+    /// free no turn: they may be the tokens of clients that come late (their timers, the
+    /// network, a client that reads only the whole-second `Retry-After`), and such a client
+    /// still takes a token when it comes. Had the spill freed its turn for another, both would
+    /// come for one token and one be refused again, and a burst of late clients would cascade.
+    /// A turn nobody comes for is a token lost, and the schedule frees itself as time passes it.
     promised_until: Instant,
 }
 
@@ -40,12 +45,6 @@ impl TokenBucket {
         TokenBucket { rate_per_s: refill_rate(rate_per_s), burst, tokens: burst, last: now, promised_until: now }
     }
 
-    /// Tokens spilled over a full bucket free no turn: they may be the tokens of clients that
-    /// come late (their timers, the network, a client that reads only the whole-second
-    /// `Retry-After`), and such a client still takes a token when it comes. Had the spill
-    /// freed its turn for another, both would come for one token and one be refused again, and
-    /// a burst of late clients would cascade. A turn nobody comes for is a token lost, and the
-    /// schedule frees itself as time passes it.
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate_per_s).min(self.burst);
@@ -75,17 +74,19 @@ impl TokenBucket {
 
     /// Takes one token, or promises the refused client a token of its own: the first one not
     /// yet promised to another, so a burst of refusals is told `1/rate` apart. The wait is at
-    /// most `longest` (a promise beyond it is not booked: the client is told `longest`).
+    /// most `longest`, itself at most [`MAX_WAIT`] (a promise beyond it is not booked: the client
+    /// is told `longest`).
     pub fn try_take_paced(&mut self, now: Instant, longest: Duration) -> Result<(), Duration> {
         let wait = match self.try_take(now) {
             Ok(()) => return Ok(()),
             Err(wait) => wait,
         };
-        let Some(next) = now.checked_add(wait) else { return Err(longest.min(MAX_WAIT)) };
+        let Some(next) = now.checked_add(wait) else { return Err(longest) };
         let slot = next.max(self.promised_until);
         let wait = slot.saturating_duration_since(now);
-        if wait >= longest || self.rate_per_s == 0.0 {
-            return Err(wait.min(longest));
+        // (A bucket that cannot refill waits MAX_WAIT, at least `longest`: no promise.)
+        if wait >= longest {
+            return Err(longest);
         }
         self.promised_until = slot.checked_add(secs_up(1.0 / self.rate_per_s)).unwrap_or(slot);
         Err(wait)
@@ -143,8 +144,8 @@ impl Admission {
     /// book a slot too; the bound keeps them from pushing the others' waits out without end).
     pub fn admit(&self) -> Result<(), Duration> {
         let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        let longest = Duration::try_from_secs_f64(self.capacity as f64 / bucket.rate_per_s).unwrap_or(MAX_WAIT);
-        bucket.try_take_paced(Instant::now(), longest.clamp(Duration::from_secs(1), MAX_WAIT))
+        let longest = secs_up(self.capacity as f64 / bucket.rate_per_s).max(Duration::from_secs(1));
+        bucket.try_take_paced(Instant::now(), longest)
     }
 }
 
