@@ -80,6 +80,9 @@ pub struct Metrics {
     /// This node's admission bucket: its share of the cluster budget, or its own flags.
     pub admission_rate: Gauge<f64, AtomicU64>,
     pub admission_burst: Gauge,
+    /// Members this node counts out of its admission share on its own evidence (devices report
+    /// them gone and their cluster port refuses), before the ring drops them.
+    pub admission_gone: Gauge,
     /// Permille of handshakes the overload control admits (1000: not overloaded).
     pub admitted_share: Gauge,
     /// Connections this node closed because a newer claim took the device over (4001).
@@ -173,6 +176,7 @@ impl Default for Metrics {
             admitted_share: Gauge::default(),
             admission_rate: Gauge::default(),
             admission_burst: Gauge::default(),
+            admission_gone: Gauge::default(),
             tls_handshakes: Family::default(),
             tls_reloads: Family::default(),
             claim_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
@@ -263,6 +267,11 @@ impl Default for Metrics {
             m.admission_rate.clone(),
         );
         registry.register("admission_burst", "This node's admission burst", m.admission_burst.clone());
+        registry.register(
+            "admission_gone_members",
+            "Live members this node counts out of its admission share: devices report them gone and their cluster port refuses connections here",
+            m.admission_gone.clone(),
+        );
         registry.register(
             "admitted_share_permille",
             "Permille of handshakes admitted by the overload control (1000: not overloaded)",

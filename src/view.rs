@@ -2,6 +2,7 @@
 //! from the state machine's in-memory [`State`] after each apply. Pure data: the Raft adapter
 //! publishes it on a watch channel (`cluster::ClusterWatch`); nothing else builds it.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::machine::{LeaseState, Member, NodeId, NodeLease, State};
@@ -25,9 +26,12 @@ impl ClusterView {
     }
 
     /// A live node's share of the cluster's admission budget (rate per second, burst), if a
-    /// budget is set: divided by the live nodes as of the last ring change.
-    pub fn admission_share(&self) -> Option<(f64, u32)> {
-        self.state.admission.map(|b| b.share(self.state.live_set().len()))
+    /// budget is set: divided by the live nodes as of the last ring change, less the members in
+    /// `gone` (those this node has found gone itself before the ring drops them:
+    /// `node::detector::Gone`).
+    pub fn admission_share(&self, gone: &BTreeSet<NodeId>) -> Option<(f64, u32)> {
+        let live = self.state.live_set().into_iter().filter(|id| !gone.contains(id)).count();
+        self.state.admission.map(|b| b.share(live))
     }
 
     pub fn member(&self, id: NodeId) -> Option<&Member> {

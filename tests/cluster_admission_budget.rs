@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::ws::{Dial, Outcome};
-use common::{wait_until, Cluster, TIMING};
+use common::{http, wait_until, Cluster, TIMING};
 use serde_json::Value;
 
 const RATE: f64 = 30.0;
@@ -118,6 +118,43 @@ fn a_configured_budget_is_committed_at_bootstrap() {
     wait_until(TIMING.settle_bound(), "the share in /metrics", || {
         match (c.metric(1, "gateway_admission_rate_per_s"), c.metric(1, "gateway_admission_burst")) {
             (Some(r), Some(b)) if (r - RATE / 2.0).abs() < 1e-9 && b == 5.0 => Ok(()),
+            other => Err(other),
+        }
+    });
+}
+
+/// A member's death reaches the survivors through its devices (`?fallback=<it>`) before the ring
+/// can drop it. A survivor that then finds the member's cluster port refusing connections takes
+/// its share of the budget at once (turns told to a storm's refused devices are paced at the
+/// share in force), and gives it back once the member's process answers again. Two nodes, so the
+/// ring cannot drop n2 here (no quorum without it): only that evidence can move n1's share.
+#[test]
+fn a_survivor_takes_a_dead_members_share_while_its_port_refuses() {
+    let budget = ["--cluster-admit-rate", "30", "--cluster-admit-burst", "9"];
+    let (mut c, _) = Cluster::form(2, &budget);
+    wait_share(&c, &[0], RATE / 2.0, 5, TIMING.settle_bound());
+    c.kill9(1);
+    // What a device that lost n2 sends n1 (this one without a token: 401, but the name is heard).
+    let report =
+        || http::request(c.public_addr(0), "GET", "/v1/placement?fallback=n2", &[], None, http::REQUEST_TIMEOUT);
+    wait_until(TIMING.settle_bound(), "n1 to take n2's share", || {
+        let _ = report();
+        match (admission(&c, 0), c.metric(0, "gateway_admission_gone_members")) {
+            (Some((r, b, _)), Some(gone)) if (r - RATE).abs() < 1e-9 && b == u64::from(BURST) && gone == 1.0 => Ok(()),
+            other => Err(other),
+        }
+    });
+    let status = c.get(0, "/cluster/status").unwrap().json();
+    let mut ring: Vec<&str> = status["ring"]["live"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    ring.sort_unstable();
+    assert_eq!(ring, ["n1", "n2"], "the ring still counts n2: {status}");
+    assert_eq!(c.metric(0, "gateway_admission_rate_per_s"), Some(RATE));
+
+    // n2's process is back: n1's next probe answers and the share goes back to half.
+    c.start(1);
+    wait_until(TIMING.settle_bound(), "n1 to give n2's share back", || {
+        match (admission(&c, 0), c.metric(0, "gateway_admission_gone_members")) {
+            (Some((r, b, _)), Some(gone)) if (r - RATE / 2.0).abs() < 1e-9 && b == 5 && gone == 0.0 => Ok(()),
             other => Err(other),
         }
     });

@@ -23,7 +23,7 @@ pub fn status(api: &Api) -> Resp {
 pub fn report(api: &Api) -> crate::wire::StatusReport {
     let mut report = api.cluster.report();
     let view = api.cluster.view();
-    let (rate_per_s, burst) = view.admission_share().unwrap_or((api.device.admit_rate, api.device.admit_burst));
+    let (rate_per_s, burst) = api.admission.current();
     report.admission = Some(AdmissionStatus { rate_per_s, burst });
     report.admission_budget = view.state.admission.map(|b| AdmissionStatus { rate_per_s: b.rate(), burst: b.burst });
     report.connections_here = Some(api.metrics.connections.get().max(0) as u64);

@@ -59,6 +59,8 @@ enum Caller {
 /// What the cluster-listener handlers need.
 pub struct Api {
     pub cluster: Handle,
+    /// The node's admission bucket, shared with the device gate (the status report's figures).
+    pub admission: Arc<crate::ws::admission::Admission>,
     /// Device-side knobs (message retention and payload limit).
     pub device: crate::config::DeviceConfig,
     pub secret: Arc<Vec<u8>>,

@@ -2,7 +2,7 @@
 //! that stops answering (or whose cluster port refuses connections), and a voter whose leader's
 //! process is gone starts the election as soon as the leader's lease allows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use crate::config::Timing;
 use crate::http::{HttpClient, HttpError};
 use crate::machine::NodeId;
 use crate::metrics::{Metrics, ReasonLabel};
+use crate::view::ClusterView;
 
 /// The leader's record of when each live member last answered a probe: a member that has not
 /// answered for `window` is silent. Silence is only counted over time the leader itself was
@@ -123,6 +124,94 @@ async fn port_refuses(addr: &str, within: Duration) -> bool {
         tokio::time::timeout(within, tokio::net::TcpStream::connect(addr)).await,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
     )
+}
+
+/// Members this node has found gone itself, which its admission share counts out before the
+/// ring drops them. A member's death sends its devices to the survivors within the client's
+/// first backoff window (`?fallback=<it>`, [`Reported`](crate::ws::reported::Reported)), while the ring still counts it live for
+/// most of a second (a leader's refused-port suspicion, two heartbeats and a commit) or seconds
+/// (an election first, if it led): turns told to the refused devices at the old share (the
+/// budget over all live nodes) would pace the whole storm at it. So a member that devices report
+/// is probed here at once (at most once per half heartbeat); while its cluster port refuses
+/// connections (its process is gone: [`port_refuses`]) this node takes its share of the budget
+/// over the rest, as the cluster will once the ring drops it. Each member held is probed again
+/// every heartbeat and let go as soon as a probe is not refused (it answers, or times out: a
+/// partition or a pause is the ring's to judge) or the view no longer counts it live. A report
+/// only starts a probe: what a client says never moves the share by itself.
+#[derive(Debug, Default)]
+pub struct Gone {
+    held: BTreeSet<NodeId>,
+    /// member → when it was last probed.
+    probed: BTreeMap<NodeId, Instant>,
+}
+
+impl Gone {
+    /// The members held gone.
+    pub fn nodes(&self) -> &BTreeSet<NodeId> {
+        &self.held
+    }
+
+    /// Lets go of members the view no longer counts live (nor `me`): the ring has taken over.
+    pub fn follow(&mut self, view: &ClusterView, me: NodeId) {
+        let live = |id: &NodeId| *id != me && view.is_live(*id) && view.member(*id).is_some();
+        self.held.retain(live);
+        self.probed.retain(|id, _| live(id));
+    }
+
+    /// Which of `ids` to probe at `now`: live members other than `me`, with their cluster
+    /// addresses, none probed within half of `every`. Marks them probed.
+    fn due(
+        &mut self,
+        view: &ClusterView,
+        me: NodeId,
+        ids: impl IntoIterator<Item = NodeId>,
+        now: Instant,
+        every: Duration,
+    ) -> Vec<(NodeId, String)> {
+        let mut due = Vec::new();
+        for id in ids {
+            let Some(m) = view.member(id).filter(|_| id != me && view.is_live(id)) else { continue };
+            if self.probed.get(&id).is_some_and(|at| now.saturating_duration_since(*at) < every / 2) {
+                continue;
+            }
+            self.probed.insert(id, now);
+            due.push((id, m.cluster_addr.clone()));
+        }
+        due
+    }
+
+    /// A probe's outcome; whether the set held changed.
+    fn probed(&mut self, id: NodeId, refused: bool) -> bool {
+        if refused {
+            self.held.insert(id)
+        } else {
+            self.held.remove(&id)
+        }
+    }
+
+    /// Probes those of `ids` that are due (each allowed `every` to be refused), all at once;
+    /// whether the set held changed.
+    pub async fn check(
+        &mut self,
+        view: &ClusterView,
+        me: NodeId,
+        ids: impl IntoIterator<Item = NodeId>,
+        every: Duration,
+    ) -> bool {
+        let due = self.due(view, me, ids, Instant::now(), every);
+        let probes = due.iter().map(|(id, addr)| async move { (*id, port_refuses(addr, every).await) });
+        let mut changed = false;
+        for (id, refused) in futures_util::future::join_all(probes).await {
+            changed |= self.probed(id, refused);
+        }
+        changed
+    }
+
+    /// Probes every member held again (see [`Gone::check`]).
+    pub async fn recheck(&mut self, view: &ClusterView, me: NodeId, every: Duration) -> bool {
+        let held: Vec<NodeId> = self.held.iter().copied().collect();
+        self.check(view, me, held, every).await
+    }
 }
 
 /// When a voter whose leader's process is gone may start an election: once no voter can still
@@ -339,6 +428,67 @@ mod tests {
         // A member that left the live set and comes back gets a fresh window.
         s.tick(at(3500), &[1]);
         assert!(s.tick(at(3750), &[1, 2]).iter().all(|(id, ..)| *id != 2));
+    }
+
+    /// A view of members 1 (this node), 2, 3 and 4 at `addrs`; all live but 4, whose lease expired.
+    fn members_at(addrs: [String; 4]) -> ClusterView {
+        use crate::machine::{LeaseState, Member, NodeLease, State};
+        let mut s = State::default();
+        for (id, addr) in (1..).zip(addrs) {
+            s.members.insert(id, Member { name: format!("n{id}"), cluster_addr: addr, public_url: String::new() });
+            let state = if id == 4 { LeaseState::Expired } else { LeaseState::Live };
+            let lease = NodeLease {
+                lease_until_ms: u64::MAX,
+                state,
+                connections: 0,
+                routes: 0,
+                incarnation: 0,
+                extendable: true,
+                suspect_until_ms: 0,
+            };
+            s.nodes.insert(id, lease);
+        }
+        ClusterView::new(s, None)
+    }
+
+    #[tokio::test]
+    async fn a_reported_member_counts_out_while_its_port_refuses_and_no_longer() {
+        let every = Duration::from_millis(200);
+        let answers = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let refuses = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (answers, refuses) = (answers.local_addr().unwrap().to_string(), refuses.to_string());
+        let view = members_at([refuses.clone(), answers, refuses.clone(), refuses.clone()]);
+        let mut gone = Gone::default();
+        // Reported: this node itself, a member that answers, one that refuses, one already out.
+        assert!(gone.check(&view, 1, [1, 2, 3, 4], every).await);
+        assert_eq!(gone.nodes(), &BTreeSet::from([3]));
+        // Its process is back: the next probe lets it go.
+        let back = tokio::net::TcpListener::bind(&refuses).await.unwrap();
+        gone.probed.clear();
+        assert!(gone.recheck(&view, 1, every).await);
+        assert!(gone.nodes().is_empty());
+        drop(back);
+        // Gone again; then the ring drops it, and the ring's word is enough.
+        gone.probed.clear();
+        assert!(gone.check(&view, 1, [3], every).await);
+        let mut state = (*view.state).clone();
+        state.nodes.get_mut(&3).unwrap().state = crate::machine::LeaseState::Expired;
+        gone.follow(&ClusterView::new(state, Some(&view)), 1);
+        assert!(gone.nodes().is_empty());
+    }
+
+    #[test]
+    fn a_member_is_probed_at_most_once_per_half_heartbeat_however_many_devices_report_it() {
+        let every = Duration::from_millis(200);
+        let view = members_at(["a1".into(), "a2".into(), "a3".into(), "a4".into()]);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut gone = Gone::default();
+        assert_eq!(gone.due(&view, 1, [2, 3], at(0), every), vec![(2, "a2".into()), (3, "a3".into())]);
+        assert!(gone.due(&view, 1, [2, 3, 2], at(99), every).is_empty());
+        assert_eq!(gone.due(&view, 1, [3], at(100), every), vec![(3, "a3".into())]);
+        // Names outside the live membership are never probed.
+        assert!(gone.due(&view, 1, [1, 4, 9], at(500), every).is_empty());
     }
 
     #[test]

@@ -15,9 +15,11 @@ use crate::cluster::{ClusterWatch, Handle};
 use crate::config::Timing;
 use crate::machine::{LeaseState, NodeId, Renew};
 use crate::metrics::Metrics;
-use crate::ws::admission::Admission;
 use crate::ws::registry::Registry;
+use crate::ws::Gate;
 use crate::ws::Mode;
+
+use super::detector;
 
 /// Renewals per lease. A node fences itself when none of its renewals committed for 4/5 of a lease,
 /// and a leader's death costs up to one renewal period (the last renewal went out just before it)
@@ -280,26 +282,51 @@ pub async fn watch_removal(me: NodeId, mut view: ClusterWatch, cancel: Cancellat
 }
 
 /// Keeps the node's admission bucket at its share of the cluster budget (divided by the live
-/// nodes, recomputed with every applied ring change), or at `local` (`--admit-rate`,
-/// `--admit-burst`) while no budget is set.
+/// nodes, recomputed with every applied ring change, less the members this node has found gone
+/// itself: [`detector::Gone`]), or at `local` (`--admit-rate`, `--admit-burst`) while no budget is
+/// set. Members that devices report gone are probed as the reports come; those held gone are
+/// probed again every `heartbeat`.
 pub async fn follow_admission(
-    admission: Arc<Admission>,
+    gate: Arc<Gate>,
     local: (f64, u32),
     mut view: ClusterWatch,
-    metrics: Arc<Metrics>,
+    heartbeat: Duration,
     cancel: CancellationToken,
 ) {
+    let me = gate.cluster.me();
+    let mut gone = detector::Gone::default();
     loop {
-        let want = view.borrow_and_update().admission_share().unwrap_or(local);
-        if admission.current() != want {
-            tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
-            admission.set(want.0, want.1);
+        let now = view.borrow_and_update().clone();
+        gone.follow(&now, me);
+        let want = now.admission_share(gone.nodes()).unwrap_or(local);
+        if gate.admission.current() != want {
+            let names: Vec<&str> =
+                gone.nodes().iter().filter_map(|id| now.member(*id)).map(|m| m.name.as_str()).collect();
+            if names.is_empty() {
+                tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
+            } else {
+                tracing::info!(
+                    rate_per_s = want.0,
+                    burst = want.1,
+                    gone = ?names,
+                    "admission changed: devices report these members gone and their cluster ports refuse connections; their share is taken over before the ring drops them"
+                );
+            }
+            gate.admission.set(want.0, want.1);
         }
-        metrics.admission_rate.set(want.0);
-        metrics.admission_burst.set(i64::from(want.1));
+        gate.metrics.admission_rate.set(want.0);
+        gate.metrics.admission_burst.set(i64::from(want.1));
+        gate.metrics.admission_gone.set(gone.nodes().len() as i64);
+        let held = !gone.nodes().is_empty();
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },
+            ids = gate.reported.take() => {
+                gone.check(&now, me, ids, heartbeat).await;
+            }
+            _ = tokio::time::sleep(heartbeat), if held => {
+                gone.recheck(&now, me, heartbeat).await;
+            }
         }
     }
 }

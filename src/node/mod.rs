@@ -211,8 +211,12 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         committed,
         clock,
     });
+    let d = &cfg.device;
+    let max_sessions = d.connection_limit(open_file_limit());
+    let admission = Arc::new(Admission::new(d.admit_rate, d.admit_burst, max_sessions));
     let api = Arc::new(Api {
         cluster: cluster.clone(),
+        admission: admission.clone(),
         device: cfg.device.clone(),
         secret: Arc::new(cluster_secret),
         backend: backend_secrets,
@@ -226,13 +230,12 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         tasks: tasks.clone(),
         publishes: crate::api::PublishBudget::new(cfg.device.max_payload_bytes),
     });
-    let d = &cfg.device;
     let upstream =
         Upstream::new(cfg.upstream.clone(), metrics.clone(), tasks.clone(), stop.clone()).map_err(NodeError::Config)?;
-    let max_sessions = d.connection_limit(open_file_limit());
     let gate = Arc::new(Gate {
         cluster: cluster.clone(),
-        admission: Arc::new(Admission::new(d.admit_rate, d.admit_burst, max_sessions)),
+        admission,
+        reported: Default::default(),
         overload: Overload::new(Duration::from_millis(d.overload_commit_ms), std::time::Instant::now()),
         sources: (d.source_rate > 0.0).then(|| Keyed::new(d.source_rate, d.source_burst, KEYED_WIDTH)),
         devices: (d.device_reconnects > 0).then(|| {
@@ -346,13 +349,8 @@ impl Node {
         spawn("allocator", Box::pin(allocator::run(self.metrics.clone(), stop.clone())));
         spawn("watch-removal", Box::pin(duties::watch_removal(cluster.me(), cluster.watch(), stop.clone())));
         let local = (cfg.device.admit_rate, cfg.device.admit_burst);
-        let admission = duties::follow_admission(
-            gate.admission.clone(),
-            local,
-            cluster.watch(),
-            gate.metrics.clone(),
-            stop.clone(),
-        );
+        let heartbeat = Duration::from_millis(t.heartbeat_ms.max(10));
+        let admission = duties::follow_admission(gate.clone(), local, cluster.watch(), heartbeat, stop.clone());
         spawn("admission", Box::pin(admission));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);

@@ -54,6 +54,11 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
             return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "source_rate_limited").retry_after(secs));
         }
     }
+    // A device that lost its node says so; the admission duty checks that node itself.
+    if q.contains_key("fallback") {
+        let view = g.cluster.view();
+        fallbacks(&view, q.get("fallback")).into_iter().for_each(|id| g.reported.add(id));
+    }
     if let Err(wait) = g.admission.admit() {
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited")
             .retry_after(admission::retry_after_secs(wait))
@@ -114,8 +119,8 @@ fn with_fallback(mut exclude: Vec<NodeId>, me: NodeId) -> Vec<NodeId> {
     exclude
 }
 
-/// Where placement sends `device`, leaving out the nodes in `exclude`.
-async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
+/// Where placement sends `device`, leaving out the nodes in `exclude`; `dialled` as for [`place`].
+async fn target(g: &Gate, device: &str, exclude: &[NodeId], dialled: Option<NodeId>) -> Option<NodeId> {
     let cached = g.cluster.cached_route(device);
     let source = if cached.is_some() { "cache" } else { "store" };
     g.metrics.placement_reads.get_or_create(&ResultLabel { result: source }).inc();
@@ -124,7 +129,7 @@ async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
         None => g.cluster.route(device).await.unwrap_or_default(),
     };
     let view = g.cluster.view();
-    place(&view, device, route.as_ref(), floor.as_ref(), exclude, g.cluster.now_ms())
+    place(&view, device, route.as_ref(), floor.as_ref(), exclude, dialled, g.cluster.now_ms())
 }
 
 /// This node is at `--max-connections`: a redirect to where placement sends `device` without
@@ -133,7 +138,7 @@ async fn target(g: &Gate, device: &str, exclude: &[NodeId]) -> Option<NodeId> {
 async fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
     let exclude = with_fallback(fallbacks(&view, q.get("fallback")), g.cluster.me());
-    let node = target(g, device, &exclude).await?;
+    let node = target(g, device, &exclude, None).await?;
     // The list is rebuilt from members' names, never copied from the request.
     let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| m.name.as_str()).collect();
     let rest = query.split('&').filter(|kv| kv.split('=').next() != Some("fallback"));
@@ -149,7 +154,7 @@ pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
         Err(r) => return g.refuse(r),
     };
     let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
-    let node = target(&g, &device, &exclude).await.unwrap_or(g.cluster.me());
+    let node = target(&g, &device, &exclude, None).await.unwrap_or(g.cluster.me());
     let view = g.cluster.view();
     let name = view.member(node).map(|m| m.name.clone()).unwrap_or_default();
     let body = serde_json::json!({"device": device, "node": name, "node_id": node, "url": view.ws_url(node)});
@@ -180,7 +185,8 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let steer = q.get("steer").map(String::as_str) != Some("off");
     if steer {
         let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
-        if let Some(node) = target(&g, &device, &exclude).await.filter(|n| *n != me) {
+        let dialled = (!exclude.is_empty()).then_some(me);
+        if let Some(node) = target(&g, &device, &exclude, dialled).await.filter(|n| *n != me) {
             if let Some(redirect) = redirect(&g, node, req.uri().query().unwrap_or(""), "redirected") {
                 return redirect;
             }

@@ -9,6 +9,7 @@ pub mod overload;
 pub mod placement;
 pub mod queue;
 pub mod registry;
+pub mod reported;
 pub mod session;
 pub mod stream;
 pub mod sync_budget;
@@ -45,6 +46,9 @@ pub struct Gate {
     pub cluster: Handle,
     /// Shared with the duty that keeps it at this node's share of the cluster budget.
     pub admission: Arc<admission::Admission>,
+    /// Members that handshakes name in `?fallback=` (devices that lost them), for the admission
+    /// duty to check.
+    pub reported: reported::Reported,
     /// Sheds handshakes while claim commits are slow (`--overload-commit-ms`).
     pub overload: overload::Overload,
     /// Per source address (`--source-rate`), checked first; None when off.
