@@ -284,8 +284,8 @@ pub async fn watch_removal(me: NodeId, mut view: ClusterWatch, cancel: Cancellat
 /// Keeps the node's admission bucket at its share of the cluster budget (divided by the live
 /// nodes, recomputed with every applied ring change, less the members this node has found gone
 /// itself: [`detector::Gone`]), or at `local` (`--admit-rate`, `--admit-burst`) while no budget is
-/// set. Members that devices report gone are probed as the reports come; those held gone are
-/// probed again every `heartbeat`.
+/// set. While a budget is set, members that devices report gone are probed as the reports come,
+/// and those held gone are probed again every `heartbeat`.
 pub async fn follow_admission(
     gate: Arc<Gate>,
     local: (f64, u32),
@@ -297,6 +297,11 @@ pub async fn follow_admission(
     let mut gone = detector::Gone::default();
     loop {
         let now = view.borrow_and_update().clone();
+        // Without a cluster budget there is no share to correct: nothing is probed or held.
+        let budget = now.state.admission.is_some();
+        if !budget {
+            gone = detector::Gone::default();
+        }
         gone.follow(&now, me);
         let want = now.admission_share(gone.nodes()).unwrap_or(local);
         if gate.admission.current() != want {
@@ -321,9 +326,9 @@ pub async fn follow_admission(
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },
-            ids = gate.reported.take() => {
+            ids = gate.reported.take() => if budget {
                 gone.check(&now, me, ids, heartbeat).await;
-            }
+            },
             _ = tokio::time::sleep(heartbeat), if held => {
                 gone.recheck(&now, me, heartbeat).await;
             }
