@@ -205,7 +205,20 @@ impl Policy {
                     // connection opened are history: the cluster did admit us).
                     _ => {
                         self.backoff.set_failures(self.early_drops - 1);
-                        self.refusal(None, "dropped_early")
+                        let wait = self.backoff.after_refusal(None);
+                        match (code, node, next.flatten()) {
+                            // Its node went away abruptly soon after admitting us (it died, say,
+                            // as a storm reached it): after the refusal's wait, still to the node
+                            // its `hello` named, saying which one is gone, not to a seed that may
+                            // be the dead node or redirect us (2 % of a killed node's devices
+                            // connected in the last second before the kill in a measured storm).
+                            (close::ABNORMAL, Some(node), Some(next)) => {
+                                let target = next.with_param("fallback", &node);
+                                (self.fallback, self.redirected_to) = (Some(node.clone()), Some(node));
+                                self.dial(target, wait, "dropped_early", None)
+                            }
+                            _ => self.origin_after(wait, "dropped_early"),
+                        }
                     }
                 }
             }
@@ -506,5 +519,25 @@ mod tests {
         // Once connected, it is dropped.
         let (url, _, _, _) = dial(p.next(Outcome::Ended { code: 1001, goaway: true, lasted: Duration::ZERO }));
         assert_eq!(url, B);
+    }
+    #[test]
+    fn an_abrupt_drop_soon_after_connecting_still_goes_where_the_hello_said_after_the_refusals_wait() {
+        let (mut p, mut twin) = policy(9);
+        p.connected("n1", Some(Target::parse("ws://b:2/ws").unwrap()));
+        let quick = Outcome::Ended { code: close::ABNORMAL, goaway: false, lasted: BASE / 2 };
+        let (url, wait, why, _) = dial(p.next(quick));
+        assert_eq!(
+            (url.as_str(), why, wait),
+            ("ws://b:2/ws?attempt=1&fallback=n1", "dropped_early", twin.after_refusal(None))
+        );
+        assert_eq!(p.backoff().failures(), 1);
+        // Should that node be unreachable too, the seeds are asked, still leaving n1 out.
+        let (url, _, why, _) = dial(p.next(Outcome::Unreachable));
+        assert_eq!((url.as_str(), why), ("ws://a:1/ws?attempt=1&fallback=n1", "redirect_unreachable"));
+        // A node that closes cleanly at once is not reported gone: back to the seeds.
+        p.connected("n2", Some(Target::parse("ws://b:2/ws").unwrap()));
+        let closed = Outcome::Ended { code: 1000, goaway: false, lasted: BASE / 2 };
+        let (url, _, why, _) = dial(p.next(closed));
+        assert_eq!((url.as_str(), why), (A, "dropped_early"));
     }
 }
