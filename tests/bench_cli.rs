@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::status::leader_name;
 use common::{wait_until, Cluster, TIMING};
 
 fn bench(c: &Cluster, scenario: &[&str]) -> serde_json::Value {
@@ -68,4 +69,25 @@ fn steady_then_drain_storm() {
     let accepts: u64 = windows.iter().map(|w| w["accepts"].as_u64().unwrap()).sum();
     assert!(accepts >= st["affected"].as_u64().unwrap(), "the re-homing connects fall in the windows: {st}");
     assert_eq!(r["connected_at_end"], 50, "{r}");
+}
+
+/// A leader's death costs its devices the election before any claim commits: the model the storm
+/// is compared with waits for it too, so the ratio shows what the cluster adds to the election.
+#[test]
+fn a_leader_kill_storm_is_modelled_with_its_election() {
+    let (c, _view) = Cluster::form(3, &[]);
+    let leader = leader_name(&c.status_json(1)).expect("a leader");
+    let r = bench(&c, &["storm", "--devices", "30", "--kill", &leader, "--timeout-secs", "30", "--prefix", "lk"]);
+    let st = &r["storm"];
+    assert_eq!((st["event"].as_str(), st["node"].as_str()), (Some("kill"), Some(leader.as_str())), "{st}");
+    assert!(st["affected"].as_u64().is_some_and(|a| a > 0), "some devices were on the leader: {st}");
+    assert_eq!(st["rehomed"], st["affected"], "every affected device re-homed: {st}");
+    // The soonest a voter may elect by design: the leader's lease (election timeout × 2) and a
+    // heartbeat after its last one.
+    let election_ms = 2 * TIMING.election_timeout_ms + TIMING.heartbeat_ms;
+    let model = &st["model"];
+    let command: Vec<&str> = model["command"].as_str().unwrap_or_default().split(' ').collect();
+    let election = ["--election-ms".to_string(), election_ms.to_string()];
+    assert!(command.windows(2).any(|w| w == election), "{model}");
+    assert!(model["t50_ms"].as_u64().is_some_and(|t| t >= election_ms), "nobody connects before it: {model}");
 }

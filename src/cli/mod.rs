@@ -196,6 +196,12 @@ pub enum Command {
     ///   keeps its turn: --paced on. Its Retry-After header is that wait rounded up to whole
     ///   seconds, at least 1 (so 1 s for a turn within a second: the default R = 1 with
     ///   --rate), which is what --paced off models for a client that reads only the header.
+    /// - --election-ms E models a leader's death: no handshake completes before E (rounded up
+    ///   to a slot start), because every claim waits for the new leader. Admission runs as
+    ///   before meanwhile, and a device admitted earlier is connected at E (its claim waits;
+    ///   a server's --handshake-timeout-ms, 5 s by default, outlasts a default election). With
+    ///   the default timing a voter may elect 2.25 s after the leader's last heartbeat at the
+    ///   soonest (election timeout x 2 + heartbeat): `gateway bench` gives the model that.
     /// - The run ends when every device is connected, or after --max-seconds.
     ///
     /// With --jitter none and --initial-jitter off the result does not depend on --seed.
@@ -344,6 +350,10 @@ pub struct PlanStormArgs {
     /// header [default: 1 with --rate, as `gateway serve` sends; 0 with --per-slot].
     #[arg(long)]
     pub retry_after_s: Option<u64>,
+    /// A leader's death: no handshake completes before this many ms after the drop (the
+    /// election); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub election_ms: u64,
     /// Seed of the model's random draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -400,6 +410,7 @@ impl PlanStormArgs {
             initial_jitter: self.initial_jitter == Switch::On,
             retry_after_s: self.retry_after_s.unwrap_or(if self.per_slot.is_some() { 0 } else { 1 }),
             paced: self.paced == Switch::On && self.per_slot.is_none(),
+            election_ms: self.election_ms,
             seed: self.seed,
             max_seconds: self.max_seconds,
         }
@@ -427,6 +438,7 @@ mod tests {
             (1, Jitter::Full, true, 10, true)
         );
         assert!(!model("--devices 5 --rate 3 --burst 2 --paced off").paced);
+        assert_eq!((m.election_ms, model("--devices 5 --rate 3 --burst 2 --election-ms 2250").election_ms), (0, 2250));
         let m = model("--devices 5 --per-slot 4 --jitter none --initial-jitter off --retry-after-s 2");
         assert_eq!(m.admission, Admission::PerSlot { per_slot: 4 });
         assert_eq!((m.retry_after_s, m.jitter, m.initial_jitter), (2, Jitter::None, false));

@@ -130,6 +130,14 @@ impl Timing {
     pub fn election_timeout_max_ms(&self) -> u64 {
         self.election_timeout_ms * 2
     }
+
+    /// The soonest a voter whose leader died may start an election, after the leader's last
+    /// heartbeat: the leader lease every voter honours, and a heartbeat more (another voter may
+    /// have heard from the leader that much later). `node::detector::prompt_election_after` adds
+    /// its jitter; `gateway bench` models a leader's death with it.
+    pub fn soonest_election_ms(&self) -> u64 {
+        self.election_timeout_max_ms() + self.heartbeat_ms
+    }
 }
 
 impl Default for Timing {

@@ -13,6 +13,14 @@ fn flags_beat_file_beats_defaults() {
 }
 
 #[test]
+fn a_voter_elects_no_sooner_than_the_lease_and_a_heartbeat_after_its_leader_died() {
+    // With the defaults: openraft's leader lease (2 × 1 s) and a heartbeat (250 ms).
+    assert_eq!(Timing::default().soonest_election_ms(), 2_250);
+    let fast = Timing { election_timeout_ms: 400, heartbeat_ms: 100, ..Timing::default() };
+    assert_eq!(fast.soonest_election_ms(), 900);
+}
+
+#[test]
 fn a_handshake_waits_out_an_election_by_default() {
     let cfg = Config::merge(FileConfig::default(), FileConfig::default()).unwrap();
     assert_eq!(cfg.device.handshake_timeout_ms, 4 * cfg.timing.election_timeout_ms + 1_000);

@@ -221,7 +221,7 @@ impl Gone {
 /// later than this one. `jitter` (up to half an election timeout) keeps two survivors from
 /// splitting the vote.
 pub fn prompt_election_after(timing: &Timing, jitter: Duration) -> Duration {
-    Duration::from_millis(timing.election_timeout_max_ms() + timing.heartbeat_ms) + jitter
+    Duration::from_millis(timing.soonest_election_ms()) + jitter
 }
 
 /// A voter's watch on its leader's process. openraft starts an election only after the

@@ -296,17 +296,17 @@ pub async fn follow_admission(
     let me = gate.cluster.me();
     let mut gone = detector::Gone::default();
     loop {
-        let now = view.borrow_and_update().clone();
+        let applied = view.borrow_and_update().clone();
         // Without a cluster budget there is no share to correct: nothing is probed or held.
-        let budget = now.state.admission.is_some();
+        let budget = applied.state.admission.is_some();
         if !budget {
             gone = detector::Gone::default();
         }
-        gone.follow(&now, me);
-        let want = now.admission_share(gone.nodes()).unwrap_or(local);
+        gone.follow(&applied, me);
+        let want = applied.admission_share(gone.nodes()).unwrap_or(local);
         if gate.admission.current() != want {
             let names: Vec<&str> =
-                gone.nodes().iter().filter_map(|id| now.member(*id)).map(|m| m.name.as_str()).collect();
+                gone.nodes().iter().filter_map(|id| applied.member(*id)).map(|m| m.name.as_str()).collect();
             if names.is_empty() {
                 tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
             } else {
@@ -327,10 +327,10 @@ pub async fn follow_admission(
             _ = cancel.cancelled() => return,
             r = view.changed() => if r.is_err() { return },
             ids = gate.reported.take() => if budget {
-                gone.check(&now, me, ids, heartbeat).await;
+                gone.check(&applied, me, ids, heartbeat).await;
             },
             _ = tokio::time::sleep(heartbeat), if held => {
-                gone.recheck(&now, me, heartbeat).await;
+                gone.recheck(&applied, me, heartbeat).await;
             }
         }
     }

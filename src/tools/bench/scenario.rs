@@ -118,10 +118,12 @@ fn memory(before: &Sample, after: &Sample) -> Vec<NodeMemory> {
 /// What `gateway plan-storm` predicts for this storm: the affected devices coming back through the
 /// survivors' admission buckets (their share of the cluster budget once the node is gone, when a
 /// budget is set; else each node's own bucket), with the devices' own backoff (full jitter, a
-/// first reconnect within `base`, `Retry-After: 1`).
+/// first reconnect within `base`, `Retry-After: 1`), and when the node that died led, the
+/// election its claims wait for ([`leader_died`]).
 fn model(
     c: &CommonArgs,
     status: &StatusReport,
+    event: &str,
     node: &str,
     devices: u32,
     measured: [Option<u64>; 3],
@@ -149,9 +151,16 @@ fn model(
     if matches!(admission, Admission::TokenBucket { milli_rate_per_s: 0, .. }) {
         return None;
     }
+    let leader = status.leader.as_ref().map(|l| l.name.as_str());
+    let election_ms = if leader_died(event, node, leader) { status.config.soonest_election_ms() } else { 0 };
+    let flags = match election_ms {
+        0 => flags,
+        ms => format!("{flags} --election-ms {ms}"),
+    };
     let storm = StormModel {
         devices,
         admission,
+        election_ms,
         slot_ms: 10,
         base_ms,
         cap_ms,
@@ -166,6 +175,15 @@ fn model(
     let command =
         format!("plan-storm --devices {devices} --nodes {survivors} {flags} --base-ms {base_ms} --cap-ms {cap_ms}");
     Some(ModelComparison::new(command, &predicted, measured))
+}
+
+/// Whether the storm's claims wait for an election: `node`, the cluster's `leader` before the
+/// event, died (`kill` or `exit`; a draining leader hands over first). The model then waits the
+/// soonest a voter may elect by design, as if the leader's last heartbeat came at its death
+/// (`Timing::soonest_election_ms`, the prompt election without its jitter): the model's floor, so
+/// what the jitter and the vote add shows in the measured/model ratio.
+fn leader_died(event: &str, node: &str, leader: Option<&str>) -> bool {
+    event != "drain" && leader == Some(node)
 }
 
 /// Polls `done` every 50 ms until it holds or `bound` passes; true if it held.
@@ -450,7 +468,7 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
                 let total = affected.len();
                 let others = n - total as u32;
                 let measured = [0.5, 0.99, 1.0].map(|f| stats::time_to_fraction(&delays, total, f).map(|us| us / 1000));
-                let model = plan.as_ref().and_then(|st| model(c, st, &node, total as u32, measured));
+                let model = plan.as_ref().and_then(|st| model(c, st, event, &node, total as u32, measured));
                 StormReport {
                     event: event.into(),
                     node,
@@ -516,4 +534,19 @@ pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
         }
     });
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_waits_for_an_election_only_when_the_leader_died() {
+        assert!(leader_died("kill", "n1", Some("n1")));
+        assert!(leader_died("exit", "n1", Some("n1")));
+        // A follower's death, a drain (the leader hands over first), or no leader known: none.
+        assert!(!leader_died("kill", "n2", Some("n1")));
+        assert!(!leader_died("drain", "n1", Some("n1")));
+        assert!(!leader_died("kill", "n1", None));
+    }
 }

@@ -35,6 +35,11 @@
 //! - Unpaced, Retry-After: `retry_after_s` whole seconds on every refusal (0 = no header), a
 //!   floor under the backoff: what a client that reads only the header does. `ws::admission`
 //!   sends its wait rounded up to whole seconds, at least 1.
+//! - A leader's death (`election_ms`, 0 = none): no handshake completes before `election_ms`
+//!   (rounded up to a slot start), because every claim waits for the new leader. Admission runs
+//!   as before meanwhile (each node's bucket is its own), and a device admitted earlier is
+//!   connected at that time; its claim does not time out (a server's claim waits up to
+//!   `--handshake-timeout-ms`, 5 s by default, longer than a default election).
 //! - The run stops when every device is connected or after `max_seconds` of simulated time.
 //!
 //! With jitter `none` and no initial jitter nothing is random: the seed does not matter.
@@ -93,6 +98,8 @@ pub struct StormModel {
     pub retry_after_s: u64,
     /// Refusals name each device's turn at its node's bucket (the servers' pacing).
     pub paced: bool,
+    /// No handshake completes before this (ms after the drop; a leader's election), 0 = none.
+    pub election_ms: u64,
     pub seed: u64,
     pub max_seconds: u64,
 }
@@ -129,6 +136,8 @@ pub enum PlanError {
     Zero { name: &'static str },
     #[error("a delay of {delay_ms} ms is {slots} slots of {slot_ms} ms, more than {max} a run can schedule ahead; use a larger --slot-ms")]
     TooManySlots { delay_ms: u64, slot_ms: u64, slots: u64, max: u64 },
+    #[error("an election of {election_ms} ms does not end within the run's {max_seconds} s")]
+    ElectionPastEnd { election_ms: u64, max_seconds: u64 },
 }
 
 impl StormReport {

@@ -146,6 +146,7 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
         simulated_ms: 0,
     };
     let last_slot = m.max_seconds.saturating_mul(1000) / m.slot_ms;
+    let election_at = m.election_ms.div_ceil(m.slot_ms) * m.slot_ms;
     let (mut second, mut in_second) = (0u64, 0u64);
     let mut connected = 0u64;
     let mut slot = 0u64;
@@ -182,10 +183,12 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
                 gate.take(g.node, admitted);
                 connected += admitted;
                 if admitted > 0 {
-                    r.last_connect_ms = Some(at_ms);
+                    // Admitted during an election: connected once it ends.
+                    let in_at = at_ms.max(election_at);
+                    r.last_connect_ms = Some(in_at);
                     for (t, at) in thresholds.iter().zip(reached.iter_mut()) {
                         if at.is_none() && connected >= *t {
-                            *at = Some(at_ms);
+                            *at = Some(in_at);
                         }
                     }
                 }
@@ -221,6 +224,9 @@ pub fn simulate(m: &StormModel) -> Result<StormReport, PlanError> {
         slot += 1;
     }
     r.connected = connected as u32;
+    if connected > 0 {
+        r.simulated_ms = r.simulated_ms.max(election_at);
+    }
     [r.p50_connected_ms, r.p99_connected_ms, r.all_connected_ms] = reached;
     Ok(r)
 }
@@ -241,6 +247,9 @@ fn longest_turn_ms(m: &StormModel, nodes: u32) -> u64 {
 fn validate(m: &StormModel) -> Result<u32, PlanError> {
     let nonzero = |v: u64, name| if v == 0 { Err(PlanError::Zero { name }) } else { Ok(()) };
     nonzero(m.slot_ms, "slot_ms")?;
+    if m.election_ms > m.max_seconds.saturating_mul(1000) {
+        return Err(PlanError::ElectionPastEnd { election_ms: m.election_ms, max_seconds: m.max_seconds });
+    }
     match m.admission {
         Admission::TokenBucket { milli_rate_per_s, burst, nodes } => {
             nonzero(milli_rate_per_s, "rate")?;

@@ -11,6 +11,7 @@ fn per_slot(devices: u32, per_slot: u64) -> StormModel {
         initial_jitter: false,
         retry_after_s: 0,
         paced: false,
+        election_ms: 0,
         seed: 1,
         max_seconds: 3600,
     }
@@ -270,4 +271,32 @@ fn paced_refusals_shorten_the_fleet_storm_with_initial_jitter() {
         assert!(r.all_connected_ms.unwrap() * 3 < all_ms * 2, "{ctx}");
         assert!(r.total_attempts * 3 < attempts * 2, "{ctx}");
     }
+}
+
+#[test]
+fn an_election_holds_back_every_handshake_admitted_before_it_ends() {
+    // The paced storm above (4000 devices, 1000/s, burst 400, one node: 50 % in at 1.6 s, 99 % at
+    // 3.56 s, everyone at 3.6 s). Its leader died: admission runs as before, so the attempts and
+    // refusals are the same, but nobody is connected before the election ends.
+    let storm = StormModel {
+        base_ms: 1000,
+        cap_ms: 30_000,
+        jitter: Jitter::Full,
+        paced: true,
+        retry_after_s: 1,
+        ..bucket(4000, 1000, 400, 1)
+    };
+    let before = simulate(&storm).unwrap();
+    let r = simulate(&StormModel { election_ms: 1995, ..storm.clone() }).unwrap();
+    assert_eq!((r.total_attempts, r.refusals, r.connected), (before.total_attempts, before.refusals, 4000), "{r:?}");
+    // The 2000 admitted by 1.6 s connect when the election ends (1995 ms, rounded up to a slot);
+    // those admitted after it, on the same schedule as without it.
+    assert_eq!((r.p50_connected_ms, r.p99_connected_ms, r.all_connected_ms), (Some(2000), Some(3560), Some(3600)));
+    // An election longer than the whole storm: everyone connects as it ends, and the run lasts that long.
+    let r = simulate(&StormModel { election_ms: 5000, ..storm.clone() }).unwrap();
+    let t = [r.p50_connected_ms, r.p99_connected_ms, r.all_connected_ms, r.last_connect_ms];
+    assert_eq!((t, r.simulated_ms), ([Some(5000); 4], 5000), "{r:?}");
+    // One that outlasts the run is refused rather than reported as nobody connected.
+    let long = StormModel { election_ms: 3_600_001, ..storm };
+    assert_eq!(simulate(&long), Err(PlanError::ElectionPastEnd { election_ms: 3_600_001, max_seconds: 3600 }));
 }
