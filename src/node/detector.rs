@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::Handle;
 use crate::config::Timing;
 use crate::http::{HttpClient, HttpError};
-use crate::machine::NodeId;
+use crate::machine::{NodeId, NodeLease};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::view::ClusterView;
 
@@ -21,6 +21,12 @@ use crate::view::ClusterView;
 /// disconnect wave of 42,750 devices held a 57,000-device leader's runtime for ~2 s), answers
 /// may be waiting unread and a member cannot be told from a silent one, so every member gets a
 /// fresh window; false suspicions took both healthy followers out of the ring in that wave.
+///
+/// A lease renewal the member committed counts as an answer ([`Silence::renewed`]): a member that
+/// was cut off when a new term began (its window starts then) and whose probes were still timing
+/// out, or failing to resolve its name, when it came back has shown it is alive by renewing
+/// through this very leader. Without that, the leader suspected a member a moment after the
+/// member's renewal committed, when a partition healed within an election timeout of the election.
 ///
 /// A member whose cluster port refused the connection of [`REFUSED_PROBES`] probes in a row is
 /// suspected at once, without waiting out the window: nothing listens there, so its process is
@@ -34,6 +40,8 @@ struct Silence {
     heard: BTreeMap<NodeId, Instant>,
     /// member → probes refused in a row since it last answered.
     refused: BTreeMap<NodeId, u32>,
+    /// member → its lease's end as last seen in the view.
+    lease_until: BTreeMap<NodeId, u64>,
     last_tick: Option<Instant>,
 }
 
@@ -68,14 +76,26 @@ impl Why {
 
 impl Silence {
     fn new(every: Duration, window: Duration) -> Silence {
-        Silence { every, window, heard: BTreeMap::new(), refused: BTreeMap::new(), last_tick: None }
+        let (heard, refused, lease_until) = Default::default();
+        Silence { every, window, heard, refused, lease_until, last_tick: None }
     }
 
     /// Starts over (another term, or no longer the leader).
     fn forget(&mut self) {
         self.heard.clear();
         self.refused.clear();
+        self.lease_until.clear();
         self.last_tick = None;
+    }
+
+    /// The view at `at` shows `lease`, `id`'s lease: when it ends later than last seen and was
+    /// renewed since the last `ExtendLeases` (which moves every lease's end on a new term without
+    /// word from anyone), `id` renewed it itself in the meantime: an answer.
+    fn renewed(&mut self, id: NodeId, lease: &NodeLease, at: Instant) {
+        let before = self.lease_until.insert(id, lease.lease_until_ms);
+        if lease.extendable && before.is_some_and(|b| lease.lease_until_ms > b) {
+            self.probed(id, Probe::Answered, at);
+        }
     }
 
     fn probed(&mut self, id: NodeId, probe: Probe, at: Instant) {
@@ -99,6 +119,7 @@ impl Silence {
         self.last_tick = Some(now);
         self.heard.retain(|id, _| live.contains(id));
         self.refused.retain(|id, _| live.contains(id));
+        self.lease_until.retain(|id, _| live.contains(id));
         if stalled {
             self.heard.values_mut().for_each(|at| *at = now);
         }
@@ -336,7 +357,11 @@ pub async fn suspect_loop(
             .map(|(id, m)| (id, m.cluster_addr.clone()))
             .collect();
         let ids: Vec<NodeId> = live.iter().map(|(id, _)| *id).collect();
-        let silent = silence.tick(Instant::now(), &ids);
+        let now = Instant::now();
+        for (id, lease) in view.state.nodes.iter().filter(|(id, _)| ids.contains(id)) {
+            silence.renewed(*id, lease, now);
+        }
+        let silent = silence.tick(now, &ids);
         for (id, addr) in &live {
             if let Some((_, quiet, why)) = silent.iter().find(|(s, ..)| s == id) {
                 match cluster.suspect(*id, suspect_hold_ms(&timing)).await {
@@ -430,23 +455,61 @@ mod tests {
         assert!(s.tick(at(3750), &[1, 2]).iter().all(|(id, ..)| *id != 2));
     }
 
+    /// A lease ending at `until`, renewed since the last `ExtendLeases` or not.
+    fn lease(until: u64, extendable: bool, state: crate::machine::LeaseState) -> NodeLease {
+        NodeLease {
+            lease_until_ms: until,
+            state,
+            connections: 0,
+            routes: 0,
+            incarnation: 0,
+            extendable,
+            suspect_until_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_member_whose_renewal_commits_is_heard_though_its_probes_go_unanswered() {
+        use crate::machine::LeaseState::Live;
+        let (every, window) = (Duration::from_millis(250), Duration::from_millis(1000));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A new term at 0: member 2 was cut off and no probe of it answers (they time out, or its
+        // name does not resolve yet, after the partition heals).
+        let run = |renews_at: Option<u64>| {
+            let mut s = Silence::new(every, window);
+            let mut suspected = None;
+            for k in 0..=8u64 {
+                let ms = k * 250;
+                // The new leader's ExtendLeases moves the lease's end at 250 ms: no word from the
+                // member. Its own renewal, when it comes, moves it again.
+                let l = match renews_at {
+                    Some(r) if ms >= r => lease(12_000 + r, true, Live),
+                    _ if ms >= 250 => lease(12_000, false, Live),
+                    _ => lease(10_000, true, Live),
+                };
+                s.renewed(2, &l, at(ms));
+                if let Some((_, quiet, why)) = s.tick(at(ms), &[2]).into_iter().next() {
+                    suspected.get_or_insert((ms, quiet, why));
+                }
+            }
+            suspected
+        };
+        // Without a renewal: silent for the window, suspected at the first tick past it.
+        assert_eq!(run(None), Some((1250, Duration::from_millis(1250), Why::Silent)));
+        // Its renewal committed at 750 ms: heard then, so suspected only a window after it if
+        // nothing else is heard.
+        assert_eq!(run(Some(750)), Some((2000, Duration::from_millis(1250), Why::Silent)));
+    }
+
     /// A view of members 1 (this node), 2, 3 and 4 at `addrs`; all live but 4, whose lease expired.
     fn members_at(addrs: [String; 4]) -> ClusterView {
-        use crate::machine::{LeaseState, Member, NodeLease, State};
+        use crate::machine::{LeaseState, Member, State};
         let mut s = State::default();
         for (id, addr) in (1..).zip(addrs) {
             s.members.insert(id, Member { name: format!("n{id}"), cluster_addr: addr, public_url: String::new() });
             let state = if id == 4 { LeaseState::Expired } else { LeaseState::Live };
-            let lease = NodeLease {
-                lease_until_ms: u64::MAX,
-                state,
-                connections: 0,
-                routes: 0,
-                incarnation: 0,
-                extendable: true,
-                suspect_until_ms: 0,
-            };
-            s.nodes.insert(id, lease);
+            s.nodes.insert(id, lease(u64::MAX, true, state));
         }
         ClusterView::new(s, None)
     }

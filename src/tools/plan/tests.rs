@@ -218,20 +218,25 @@ fn a_cluster_budget_admits_the_same_rate_whatever_the_node_count() {
     }
 }
 
-#[test]
-fn paced_refusals_come_back_one_token_apart() {
-    // 4000 devices at t = 0 on one node, 1000/s, burst 400: 400 in at once, and the 3600 refused
-    // are told turns 1 ms apart (1, 2, ..., 3600 ms); in each 10 ms slot the ten due are admitted
-    // by the ten tokens it refilled. Everyone is in at 3.6 s, refused once: the bucket's own
-    // (4000 − 400) / 1000 s, with not one token lost.
-    let paced = StormModel {
+/// 4000 devices at t = 0 on one node of 1000/s, burst 400, refusals paced (the client's defaults).
+fn paced_one_node() -> StormModel {
+    StormModel {
         base_ms: 1000,
         cap_ms: 30_000,
         jitter: Jitter::Full,
         paced: true,
         retry_after_s: 1,
         ..bucket(4000, 1000, 400, 1)
-    };
+    }
+}
+
+#[test]
+fn paced_refusals_come_back_one_token_apart() {
+    // 4000 devices at t = 0 on one node, 1000/s, burst 400: 400 in at once, and the 3600 refused
+    // are told turns 1 ms apart (1, 2, ..., 3600 ms); in each 10 ms slot the ten due are admitted
+    // by the ten tokens it refilled. Everyone is in at 3.6 s, refused once: the bucket's own
+    // (4000 − 400) / 1000 s, with not one token lost.
+    let paced = paced_one_node();
     let r = simulate(&paced).unwrap();
     assert_eq!((r.connected, r.refusals, r.total_attempts), (4000, 3600, 7600), "{r:?}");
     assert_eq!((r.p50_connected_ms, r.all_connected_ms), (Some(1600), Some(3600)), "{r:?}");
@@ -278,14 +283,7 @@ fn an_election_holds_back_every_handshake_admitted_before_it_ends() {
     // The paced storm above (4000 devices, 1000/s, burst 400, one node: 50 % in at 1.6 s, 99 % at
     // 3.56 s, everyone at 3.6 s). Its leader died: admission runs as before, so the attempts and
     // refusals are the same, but nobody is connected before the election ends.
-    let storm = StormModel {
-        base_ms: 1000,
-        cap_ms: 30_000,
-        jitter: Jitter::Full,
-        paced: true,
-        retry_after_s: 1,
-        ..bucket(4000, 1000, 400, 1)
-    };
+    let storm = paced_one_node();
     let before = simulate(&storm).unwrap();
     let r = simulate(&StormModel { election_ms: 1995, ..storm.clone() }).unwrap();
     assert_eq!((r.total_attempts, r.refusals, r.connected), (before.total_attempts, before.refusals, 4000), "{r:?}");
