@@ -2,6 +2,8 @@
 //! before their next dial, and still get in once tokens refill. One node with `--admit-rate 0.5
 //! --admit-burst 1`: one handshake every 2 s. The node paces its refusals (`retry_after_ms`):
 //! devices refused together are told turns one token (2 s) apart, and the client keeps its turn.
+//! The overload gate is off (`--overload-commit-ms 0`): on a loaded machine a slow commit made it
+//! refuse a handshake `503 overloaded`, which is its own test's subject (`device_overload.rs`).
 
 mod client_util;
 mod common;
@@ -16,7 +18,7 @@ const REFUSED: usize = 3;
 
 #[test]
 fn refused_clients_wait_at_least_retry_after_then_connect() {
-    let (c, _) = Cluster::form(1, &["--admit-rate", "0.5", "--admit-burst", "1"]);
+    let (c, _) = Cluster::form(1, &["--admit-rate", "0.5", "--admit-burst", "1", "--overload-commit-ms", "0"]);
     let url = c.public_url(0);
 
     // The first device takes the only token.
