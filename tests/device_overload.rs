@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::proxy::DelayProxy;
-use common::ws::{Dial, Outcome};
+use common::ws::{dial, Dial, Outcome};
 use common::{wait_until, Cluster, Start, TIMING};
 
 /// Below the delay; the delay stays below the heartbeat (100 ms in tests): openraft times an
@@ -96,4 +96,115 @@ fn slow_commits_shrink_admission_and_it_recovers() {
     println!("overload: share back to 1000 permille {:?} after the delay was removed", healed.elapsed());
     let refused = c.metric_labeled(0, "gateway_handshakes_total", r#"result="overloaded""#);
     assert!(refused >= Some(shed as f64), "overloaded refusals counted: {refused:?} < {shed}");
+}
+
+/// While the node's admission paces its refusals (429 with `retry_after_ms`: a turn of the
+/// device's own), a device that comes on its turn is not shed, however slow commits are: the
+/// operator's rate is the pace, and a shed device would lose its turn to exponential backoff.
+#[test]
+fn a_device_that_comes_on_its_turn_is_not_shed() {
+    // 10 tokens a second, one at a time: a burst of dials is told turns 100 ms apart.
+    let mut c = Cluster::with_args(&[
+        "--overload-commit-ms",
+        &THRESHOLD_MS.to_string(),
+        "--admit-rate",
+        "10",
+        "--admit-burst",
+        "1",
+    ]);
+    c.spawn("n1", Start::Bootstrap);
+    let proxies: Vec<DelayProxy> = (0..2).map(|_| DelayProxy::start()).collect();
+    for (k, p) in proxies.iter().enumerate() {
+        let advertise = p.addr().to_string();
+        let i = c.spawn_with(&format!("n{}", k + 2), Start::Join(0), &["--cluster-advertise", &advertise]);
+        p.set_target(c.nodes[i].cluster_port);
+    }
+    c.wait_agreement(&[0, 1, 2], TIMING.settle_bound(), "3 voters, two behind proxies", |v| {
+        v.members.len() == 3 && v.voters() == 3 && v.all_live() && v.leader.is_some()
+    });
+    let addr = c.public_addr(0);
+    let share = |c: &Cluster| c.metric(0, "gateway_admitted_share_permille").unwrap_or(-1.0);
+    for p in &proxies {
+        p.set_delay(DELAY);
+    }
+    // One device at a time, each after the last answer: no turn is promised, and slow commits
+    // shed (the first test's regime).
+    let mut k = 0u64;
+    wait_until(TIMING.settle_bound(), "overload control shedding unpaced handshakes", || {
+        k += 1;
+        let token = c.token(&format!("u-{k}"), 0);
+        match dial(addr, "/ws?attempt=1&steer=off", &Dial::token(&token)) {
+            Outcome::Refused(r) if r.status == 503 && r.error() == "overloaded" && share(&c) < 500.0 => Ok(()),
+            Outcome::Refused(r) if r.status == 429 => {
+                // Wait its turn out, so the next dial is not paced.
+                let ms = r.body["retry_after_ms"].as_u64().unwrap_or(1000);
+                std::thread::sleep(Duration::from_millis(ms));
+                Err(format!("paced {ms} ms"))
+            }
+            Outcome::Refused(r) => Err(format!("{} {}, share {}", r.status, r.error(), share(&c))),
+            Outcome::Open(_) => Err(format!("admitted, share {}", share(&c))),
+        }
+    });
+
+    // A burst: all but the first are told turns. 12 come back on theirs; 8 more book turns
+    // after them and never come, so the bucket is still pacing when the last of the 12 is late
+    // by up to 800 ms on a loaded machine.
+    const COMING: usize = 12;
+    const HOLDING: usize = 8;
+    let tokens: Vec<String> = (0..COMING + HOLDING).map(|i| c.token(&format!("p-{i}"), 0)).collect();
+    let mut turns = Vec::new();
+    for t in &tokens {
+        match dial(addr, "/ws?attempt=1&steer=off", &Dial::token(t)) {
+            Outcome::Refused(r) if r.status == 429 => {
+                let ms = r.body["retry_after_ms"].as_u64().expect("a paced 429 names the turn");
+                turns.push(Some(Instant::now() + Duration::from_millis(ms)));
+            }
+            // The bucket's one token may go to the first of the burst (admitted or shed).
+            _ => turns.push(None),
+        }
+    }
+    let booked = turns[..COMING].iter().filter(|t| t.is_some()).count();
+    assert!(booked >= COMING - 1, "the burst was told turns: {booked} of {COMING}");
+    let results: Vec<(usize, usize, Vec<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..COMING)
+            .filter_map(|i| turns[i].map(|turn| (i, turn)))
+            .map(|(i, mut turn)| {
+                let token = &tokens[i];
+                s.spawn(move || {
+                    let (mut admitted, mut shed, mut other) = (0, 0, Vec::new());
+                    let deadline = Instant::now() + TIMING.settle_bound();
+                    while admitted == 0 && Instant::now() < deadline {
+                        // Come on the turn the node named (a device honouring its 429).
+                        std::thread::sleep(turn.saturating_duration_since(Instant::now()));
+                        match dial(addr, "/ws?attempt=2&steer=off", &Dial::token(token)) {
+                            Outcome::Open(mut ws) => {
+                                ws.hello();
+                                admitted += 1;
+                            }
+                            Outcome::Refused(r) if r.status == 503 && r.error() == "overloaded" => shed += 1,
+                            Outcome::Refused(r) if r.status == 429 => {
+                                // Came late and its token went to the next: a new turn.
+                                let ms = r.body["retry_after_ms"].as_u64().unwrap_or(1000);
+                                turn = Instant::now() + Duration::from_millis(ms);
+                            }
+                            Outcome::Refused(r) => other.push(format!("{} {}", r.status, r.error())),
+                        }
+                    }
+                    (admitted, shed, other)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a device thread")).collect()
+    });
+    let admitted: usize = results.iter().map(|r| r.0).sum();
+    let shed: usize = results.iter().map(|r| r.1).sum();
+    let other: Vec<&String> = results.iter().flat_map(|r| &r.2).collect();
+    println!(
+        "overload: {admitted} of {booked} paced devices admitted on their turns, {shed} shed; share {}",
+        share(&c)
+    );
+    assert_eq!(shed, 0, "a device that came on its turn was shed as overloaded");
+    assert!(other.is_empty(), "other refusals: {other:?}");
+    assert_eq!(admitted, booked, "every device with a turn got in");
+    assert!(share(&c) < 1000.0, "commits were still slow: overload control was still lowering the share");
 }

@@ -92,6 +92,12 @@ impl TokenBucket {
         Err(wait)
     }
 
+    /// Whether a refused client was promised a turn that has not come yet at `now`: the bucket
+    /// is what sets the pace, and a client it lets through most likely came on its turn.
+    pub fn pacing(&self, now: Instant) -> bool {
+        self.promised_until > now
+    }
+
     /// How long until the next token (after a refill).
     /// Never panics: a rate of 0 (or one too small to refill within `MAX_WAIT`) waits `MAX_WAIT`.
     fn wait(&self) -> Duration {
@@ -146,6 +152,12 @@ impl Admission {
         let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         let longest = secs_up(self.capacity as f64 / bucket.rate_per_s).max(Duration::from_secs(1));
         bucket.try_take_paced(Instant::now(), longest)
+    }
+
+    /// Whether this node's refusals are paced right now ([`TokenBucket::pacing`]): the
+    /// handshakes it admits hold turns, at the rate the operator gave it.
+    pub fn pacing(&self) -> bool {
+        self.bucket.lock().unwrap_or_else(|p| p.into_inner()).pacing(Instant::now())
     }
 }
 
@@ -314,6 +326,23 @@ mod tests {
         for ms in [400, 500, 600] {
             assert!(b.try_take_paced(at(ms), longest).is_ok(), "the one due at {ms} ms");
         }
+    }
+
+    #[test]
+    fn the_bucket_paces_from_its_first_promise_until_the_last_promised_turn_has_come() {
+        let t0 = Instant::now();
+        let longest = Duration::from_secs(60);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = TokenBucket::new(10.0, 1, t0);
+        assert!(b.try_take_paced(t0, longest).is_ok());
+        assert!(!b.pacing(t0), "a token taken is not pacing: nobody was refused");
+        let turns: Vec<Duration> = (0..3).map(|_| b.try_take_paced(t0, longest).unwrap_err()).collect();
+        assert_eq!(turns.iter().map(Duration::as_millis).collect::<Vec<_>>(), [100, 200, 300]);
+        for ms in [100, 200, 300] {
+            assert!(b.pacing(at(ms)), "turns are still to come at {ms} ms");
+            assert!(b.try_take_paced(at(ms), longest).is_ok());
+        }
+        assert!(!b.pacing(at(400)), "every promised turn has come");
     }
 
     #[test]

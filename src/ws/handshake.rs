@@ -67,8 +67,18 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
     let now = std::time::Instant::now();
     g.overload.observe_term(g.cluster.term(), now);
     g.overload.observe_apply_lag(g.cluster.apply_lag(), now);
-    let shed = g.overload.admit(now);
+    let shed = g.overload.admit(now, g.admission.pacing());
     g.metrics.admitted_share.set((g.overload.share(now) * 1000.0).round() as i64);
+    if let Some(s) = g.overload.take_shift() {
+        let permille = |share: f64| (share * 1000.0).round() as u64;
+        let (from, to) = (permille(s.from), permille(s.to));
+        let (samples, slow_commits, lagging) = (s.samples, s.slow_commits, s.lagging);
+        if s.to < s.from {
+            tracing::warn!(from, to, samples, slow_commits, lagging, "overload: admitting fewer handshakes (permille)");
+        } else {
+            tracing::info!(from, to, "overload: admitting every handshake again (permille)");
+        }
+    }
     if let Err(secs) = shed {
         let msg =
             "claims are committing slowly (--overload-commit-ms) or the node is behind the log: fewer handshakes are admitted until they recover";
