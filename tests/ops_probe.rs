@@ -33,7 +33,7 @@ fn probe_exits_zero_only_on_a_2xx_answer() {
     assert_eq!(out.code, Some(1), "a closed port: {out:#?}");
 
     // A server that accepts (the kernel's backlog does) but never answers: the deadline holds.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = common::listen_local();
     let url = format!("http://{}/readyz", silent.local_addr().unwrap());
     let started = Instant::now();
     let out = c.cli(&["probe", &url, "--timeout-ms", "300"]);

@@ -89,12 +89,23 @@ static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
 /// A loopback port that was free a moment ago and that this process has not handed out before.
 pub fn free_port() -> u16 {
+    listen_local().local_addr().unwrap().port()
+}
+
+/// A loopback listener on an ephemeral port this process has not handed out before, for the
+/// test's own servers (fault proxies, backends). A port [`free_port`] handed out is free until
+/// its node binds it, and the kernel may give it to another `bind(0)` meanwhile: a proxy that
+/// took a node's cluster port answered that node's health check for it, and the node could
+/// not listen (`Address already in use`).
+pub fn listen_local() -> TcpListener {
+    let mut taken = Vec::new(); // held until a new port comes, so the kernel offers another
     loop {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut guard = HANDED_OUT.lock().unwrap();
-        if guard.get_or_insert_with(HashSet::new).insert(port) {
-            return port;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if HANDED_OUT.lock().unwrap().get_or_insert_with(HashSet::new).insert(port) {
+            return listener;
         }
+        taken.push(listener);
     }
 }
 

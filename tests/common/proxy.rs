@@ -4,7 +4,7 @@
 //! and forwarded write sent to it is late by that much: `tc netem` does not work here.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ pub struct DelayProxy {
 impl DelayProxy {
     /// Listens on an ephemeral port; connections wait (up to 5 s) for a target to be set.
     pub fn start() -> DelayProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = super::listen_local();
         let addr = listener.local_addr().unwrap();
         let (target, delay_ms) = (Arc::new(AtomicU16::new(0)), Arc::new(AtomicU64::new(0)));
         let (t, d) = (target.clone(), delay_ms.clone());

@@ -51,7 +51,12 @@ impl Upstream {
     pub fn start(behave: Behave) -> Upstream {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let state = Arc::new(Mutex::new(State { behave: Some(behave), seen: Vec::new() }));
-        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let listener = super::listen_local();
+        listener.set_nonblocking(true).unwrap();
+        let listener = {
+            let _entered = rt.enter();
+            tokio::net::TcpListener::from_std(listener).unwrap()
+        };
         let addr = listener.local_addr().unwrap();
         let shared = state.clone();
         rt.spawn(async move {
