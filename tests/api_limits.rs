@@ -4,7 +4,8 @@
 //! without quoting it; and publishes in flight are held to a byte budget — once the node holds
 //! its budget of bodies, the next publish is answered `503 busy` at once, a body that does not
 //! arrive within the body deadline is answered `408` and gives its share back, and publishing
-//! works again.
+//! works again. A publish refused (busy, or too large) while its body is still arriving is read
+//! to its end first, so the sender reads the refusal instead of a reset.
 
 mod common;
 
@@ -82,6 +83,25 @@ fn answer_status(s: &mut TcpStream, timeout: Duration) -> Option<u16> {
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
 }
 
+/// A publish of `len` bytes whose body is sent in `parts` with `pause` between them, then the
+/// status of its answer.
+fn slow_publish(
+    addr: std::net::SocketAddr,
+    bearer: &str,
+    device: &str,
+    len: usize,
+    parts: usize,
+    pause: Duration,
+) -> Result<u16, String> {
+    let mut s = hold_publish(addr, bearer, device, len);
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(len - 10));
+    for part in body.as_bytes().chunks(len.div_ceil(parts)) {
+        std::thread::sleep(pause);
+        s.write_all(part).map_err(|e| format!("sending the body: {e}"))?;
+    }
+    answer_status(&mut s, http::REQUEST_TIMEOUT).ok_or_else(|| "no answer".to_string())
+}
+
 #[test]
 fn publishes_in_flight_are_held_to_a_byte_budget() {
     let payload_limit = 1024;
@@ -128,6 +148,12 @@ fn publishes_in_flight_are_held_to_a_byte_budget() {
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert!(refused.text().contains(&budget.to_string()), "names the budget: {}", refused.text());
     assert!(c.metric_labeled(0, "gateway_publishes_total", "result=\"busy\"").unwrap_or(0.0) >= 1.0);
+    // A backend on a slow link is still sending its body when the node refuses it: it reads the
+    // refusal (and retries), not a reset connection and a broken pipe halfway through its body.
+    let slow = slow_publish(addr, &bearer, "budget-dev", payload_limit, 8, Duration::from_millis(100));
+    assert_eq!(slow, Ok(503), "a publish refused while its body was still being sent");
+    let slow = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, 8, Duration::from_millis(100));
+    assert_eq!(slow, Ok(413), "a publish over the payload limit, refused while its body was still being sent");
 
     // Bodies that never arrive are answered 408 at the deadline, and give their share back.
     let timed_out = held.iter_mut().filter_map(|s| answer_status(s, BODY_READ_TIMEOUT + SLACK)).collect::<Vec<_>>();

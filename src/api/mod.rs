@@ -133,6 +133,23 @@ pub async fn run(
     crate::server::serve(what, listener, tls, conns, shutdown, handler).await
 }
 
+/// Reads and drops the body of a request refused before its body was read (at most `limit` bytes,
+/// within [`BODY_READ_TIMEOUT`]; nothing is kept), so that a sender still writing it reads the
+/// answer: a connection closed with unread bytes is reset, and the sender's next write fails
+/// with a broken pipe instead of the refusal it would have acted on. A body declared longer
+/// than `limit` is not read (the connection closes as before). A sender that waits for
+/// `100 Continue` has sent no body and is answered at once.
+async fn discard_body(req: Request<Incoming>, limit: usize) {
+    let waits =
+        req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if waits {
+        return;
+    }
+    let mut body = Limited::new(req.into_body(), limit);
+    let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+    let _ = tokio::time::timeout(BODY_READ_TIMEOUT, drain).await;
+}
+
 /// Paths called many times a second by members and monitors: their access lines are at debug level.
 fn quiet_path(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz" | "/metrics" | "/cluster/ping" | "/cluster/status" | "/ui/live")
@@ -194,12 +211,16 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
     // hyper's reading of `Content-Length` (None when the body is chunked).
     let declared = hyper::body::Body::size_hint(req.body()).exact();
     if declared.is_some_and(|n| n > limit as u64) {
+        // Read to its end (up to the largest body any path takes), so that a backend learns
+        // its payload is too large instead of retrying a broken pipe.
+        discard_body(req, MAX_RPC_BYTES).await;
         return too_large();
     }
     // Held until the answer: a publish's body, command and forward count against the budget.
     let _charge = match publish.then(|| api.publishes.charge(declared.map_or(limit, |n| n as usize))) {
         Some(Err(refusal)) => {
             api.metrics.publishes.get_or_create(&crate::metrics::ResultLabel { result: refusal.reason }).inc();
+            discard_body(req, limit).await;
             return refusal.response();
         }
         charge => charge,

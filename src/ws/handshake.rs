@@ -67,7 +67,7 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
     let now = std::time::Instant::now();
     g.overload.observe_term(g.cluster.term(), now);
     g.overload.observe_apply_lag(g.cluster.apply_lag(), now);
-    let shed = g.overload.admit(now, g.admission.pacing());
+    let shed = g.overload.admit(now, || g.admission.pacing());
     g.metrics.admitted_share.set((g.overload.share(now) * 1000.0).round() as i64);
     if let Some(s) = g.overload.take_shift() {
         let permille = |share: f64| (share * 1000.0).round() as u64;

@@ -157,14 +157,15 @@ impl Overload {
     /// waited for its turn throws the turn away and sends the device into exponential backoff;
     /// in a leader kill under 30,000 devices that left the last re-homed devices 30 s out (4.8×
     /// the model at 100 %, against 1.2× with no shedding). Overload control sheds what admission
-    /// lets through unpaced.
-    pub fn admit(&self, now: Instant, paced: bool) -> Result<(), u64> {
-        if self.threshold.is_zero() || paced {
+    /// lets through unpaced. `paced` is asked only when the share is below all: at full share a
+    /// handshake costs no look at admission.
+    pub fn admit(&self, now: Instant, paced: impl FnOnce() -> bool) -> Result<(), u64> {
+        if self.threshold.is_zero() {
             return Ok(());
         }
         let mut w = self.w.lock().unwrap_or_else(|p| p.into_inner());
         self.roll(&mut w, now);
-        if w.share >= 1.0 {
+        if w.share >= 1.0 || paced() {
             return Ok(());
         }
         w.credit = (w.credit + w.share).min(1.0);
@@ -196,7 +197,7 @@ mod tests {
     const T: Duration = Duration::from_millis(500);
 
     fn admitted(o: &Overload, n: usize, now: Instant) -> usize {
-        (0..n).filter(|_| o.admit(now, false).is_ok()).count()
+        (0..n).filter(|_| o.admit(now, || false).is_ok()).count()
     }
 
     #[test]
@@ -243,8 +244,8 @@ mod tests {
         }
         assert_eq!(o.share(t0 + 20 * T), MIN_SHARE);
         assert_eq!(admitted(&o, 100, t0 + 20 * T), 5);
-        assert_eq!(o.admit(t0 + 20 * T, false), Err(1));
-        assert_eq!(o.admit(t0 + 20 * T, true), Ok(()), "a paced handshake came on its turn");
+        assert_eq!(o.admit(t0 + 20 * T, || false), Err(1));
+        assert_eq!(o.admit(t0 + 20 * T, || true), Ok(()), "a paced handshake came on its turn");
         // Fast windows (or none at all) add 10 % each: all back within 10 windows.
         o.observe(T / 10, t0 + 20 * T);
         assert!((o.share(t0 + 21 * T) - 0.15).abs() < 1e-9);
