@@ -26,7 +26,8 @@ pub const PUBLISH_OVERHEAD: usize = 1024;
 /// `503 busy` and `Retry-After`, so backends that send faster than the log commits cost the node a
 /// bounded number of bytes, not a queue of bodies per open connection. The charge ends with the
 /// answer: a publish answered `503` on its propose timeout may still wait in the proposer's queue
-/// (bounded in commands, not bytes) and commit later.
+/// and commit later (or be dropped from it unwritten); that queue is bounded in bytes of its own
+/// (`crate::cluster::proposer::QUEUED_BYTES`).
 pub struct Budget {
     bytes: Arc<Semaphore>,
     total: usize,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -39,6 +39,15 @@ pub const MAX_BATCH: usize = 1024;
 /// single larger command still goes alone (a publish is at most
 /// [`crate::config::MAX_PAYLOAD_LIMIT`], well inside an append).
 pub const MAX_BATCH_BYTES: usize = MAX_APPEND_BYTES / 2;
+
+/// Most bytes (by [`Command::weight`]) of bulk commands a node holds from the moment a caller
+/// queues one until it is answered: queued, batched, in flight, forwarded, or waiting for a
+/// leader. Sixteen full batches. The queue's bound in commands (`16 × MAX_BATCH`) alone let it hold
+/// 16,384 publishes of up to 1 MiB each: a publish answered `503` on its timeout gives its share
+/// of the publish budget back and may still wait here, so a backend that retried through a quorum
+/// loss could grow it by the whole publish budget every timeout. A caller that finds the queue full
+/// waits for room within its own deadline (then `Timeout`; nothing was queued).
+pub const QUEUED_BYTES: usize = 16 * MAX_BATCH_BYTES;
 
 /// Batches proposed (or forwarded) at once. With one, every caller waits a whole commit behind
 /// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
@@ -80,6 +89,8 @@ struct Pending {
     /// Forwarded from another node: never forward again (no loops between stale leaders).
     local_only: bool,
     reply: oneshot::Sender<Result<Reply, ProposeError>>,
+    /// A bulk command's share of [`QUEUED_BYTES`], given back when it is answered (dropped).
+    _bytes: Option<OwnedSemaphorePermit>,
 }
 
 /// Handle to submit commands; cheap to clone.
@@ -89,6 +100,8 @@ pub struct Proposer {
     /// Lease and leader duties: batched apart from the bulk, on slots of their own (see
     /// [`batches`]), so that a flood of writes never holds up a renewal (and fences the node).
     urgent: mpsc::Sender<Pending>,
+    /// [`QUEUED_BYTES`], for bulk commands.
+    bytes: Arc<Semaphore>,
     timeout: Duration,
 }
 
@@ -107,7 +120,7 @@ impl Proposer {
         let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
         let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone(), fill: None };
         tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
-        Proposer { tx, urgent, timeout }
+        Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout }
     }
 
     /// Proposes one command and waits for its reply, at most the configured deadline.
@@ -118,11 +131,11 @@ impl Proposer {
     /// Proposes commands forwarded by a follower; all are queued before any is awaited, so they
     /// share entries. Replies come back in order.
     pub async fn propose_forwarded(&self, cmds: Vec<Command>) -> Vec<Result<Reply, ProposeError>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut waiting = Vec::with_capacity(cmds.len());
         for cmd in cmds {
-            waiting.push(self.enqueue(cmd, true).await);
+            waiting.push(self.enqueue(cmd, true, deadline, self.timeout).await);
         }
-        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut out = Vec::with_capacity(waiting.len());
         for rx in waiting {
             out.push(match rx {
@@ -143,25 +156,50 @@ impl Proposer {
     /// than the propose timeout, such as lease renewals: a forward to a frozen leader must not
     /// hold up the next renewal).
     pub async fn propose_within(&self, cmd: Command, deadline: Duration) -> Result<Reply, ProposeError> {
-        let rx = self.enqueue(cmd, false).await?;
-        let within = deadline.min(self.timeout);
-        self.wait(rx, tokio::time::Instant::now() + within, within).await
+        self.submit_within(cmd, false, deadline.min(self.timeout)).await
     }
 
     async fn submit(&self, cmd: Command, local_only: bool) -> Result<Reply, ProposeError> {
-        let rx = self.enqueue(cmd, local_only).await?;
-        self.wait(rx, tokio::time::Instant::now() + self.timeout, self.timeout).await
+        self.submit_within(cmd, local_only, self.timeout).await
     }
 
+    /// Queues `cmd` and waits for its reply, both within `within`.
+    async fn submit_within(&self, cmd: Command, local_only: bool, within: Duration) -> Result<Reply, ProposeError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let rx = self.enqueue(cmd, local_only, deadline, within).await?;
+        self.wait(rx, deadline, within).await
+    }
+
+    /// Queues `cmd` once there is room for it (a bulk command's share of [`QUEUED_BYTES`], a
+    /// place in its queue) by `deadline`; `Timeout` naming `within` otherwise.
     async fn enqueue(
         &self,
         cmd: Command,
         local_only: bool,
+        deadline: tokio::time::Instant,
+        within: Duration,
     ) -> Result<oneshot::Receiver<Result<Reply, ProposeError>>, ProposeError> {
+        let timed_out = || ProposeError::Timeout(within.as_millis() as u64);
+        let urgent = cmd.urgent();
+        let bytes = if urgent {
+            None
+        } else {
+            // A command larger than the whole budget (none is: a publish is at most 1 MiB) waits
+            // for all of it.
+            let n = u32::try_from(cmd.weight().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
+            match tokio::time::timeout_at(deadline, self.bytes.clone().acquire_many_owned(n)).await {
+                Ok(Ok(permit)) => Some(permit),
+                Ok(Err(_)) => return Err(ProposeError::Stopped),
+                Err(_) => return Err(timed_out()),
+            }
+        };
         let (reply, rx) = oneshot::channel();
-        let queue = if cmd.urgent() { &self.urgent } else { &self.tx };
-        queue.send(Pending { cmd, local_only, reply }).await.map_err(|_| ProposeError::Stopped)?;
-        Ok(rx)
+        let queue = if urgent { &self.urgent } else { &self.tx };
+        match tokio::time::timeout_at(deadline, queue.send(Pending { cmd, local_only, reply, _bytes: bytes })).await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(_)) => Err(ProposeError::Stopped),
+            Err(_) => Err(timed_out()),
+        }
     }
 
     /// The reply by `deadline`, or a timeout that names the wait it was given (`within`: a
@@ -256,10 +294,15 @@ async fn batches(
         };
         let first = match carry.take() {
             Some(p) => p,
-            None => tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return,
-                p = rx.recv() => match p { Some(p) => p, None => return },
+            None => loop {
+                let p = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    p = rx.recv() => match p { Some(p) => p, None => return },
+                };
+                if !p.reply.is_closed() {
+                    break p;
+                }
             },
         };
         let mut bytes = first.cmd.weight();
@@ -291,8 +334,15 @@ async fn batches(
 }
 
 /// Adds `p` to `batch` (of `bytes`), or hands it back if it would take the batch over
-/// [`MAX_BATCH_BYTES`]: the first of the next batch.
+/// [`MAX_BATCH_BYTES`]: the first of the next batch. A command nobody waits for any more (its
+/// caller timed out, or went away) is dropped instead: after a stall the queue holds the
+/// commands of callers that were answered `Timeout` and retried, and writing those again would
+/// cost the log what the retries already cost it. (Not writing a timed-out command is one of the
+/// outcomes its caller was told to expect.)
 fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending) -> Option<Pending> {
+    if p.reply.is_closed() {
+        return None;
+    }
     *bytes += p.cmd.weight();
     if *bytes > MAX_BATCH_BYTES {
         return Some(p);
@@ -437,112 +487,5 @@ async fn forward(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::machine::claim::Release;
-    use crate::machine::lease::Renew;
-
-    fn pending(cmd: Command) -> Pending {
-        let (reply, _) = oneshot::channel();
-        Pending { cmd, local_only: false, reply }
-    }
-
-    type Sent = (bool, Vec<Command>, OwnedSemaphorePermit);
-
-    /// Records each batch with its slot, which it keeps: no batch here ever finishes.
-    fn record(urgent: bool, out: mpsc::UnboundedSender<Sent>) -> impl FnMut(Vec<Pending>, OwnedSemaphorePermit) {
-        move |batch, permit| {
-            let _ = out.send((urgent, batch.into_iter().map(|p| p.cmd).collect(), permit));
-        }
-    }
-
-    /// A disconnect wave: thousands of releases queued and every bulk slot taken by a batch that
-    /// does not finish. A renewal still goes out at once, alone in its batch.
-    #[tokio::test]
-    async fn a_renewal_goes_out_alone_while_releases_hold_every_bulk_slot() {
-        let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
-        let (urgent_tx, urgent_rx) = mpsc::channel(MAX_BATCH);
-        for i in 0..3 * MAX_BATCH {
-            tx.send(pending(Command::Release(Release { device: format!("d{i}"), conn: 1 }))).await.unwrap();
-        }
-        let (out, mut sent) = mpsc::unbounded_channel::<Sent>();
-        let cancel = CancellationToken::new();
-        tokio::spawn(batches(rx, cancel.clone(), None, record(false, out.clone())));
-        tokio::spawn(batches(urgent_rx, cancel.clone(), None, record(true, out)));
-        let mut held = Vec::new();
-        for _ in 0..MAX_IN_FLIGHT {
-            let (urgent, cmds, permit) = sent.recv().await.unwrap();
-            assert!(!urgent);
-            assert_eq!(cmds.len(), MAX_BATCH, "a bulk batch is full");
-            held.push(permit);
-        }
-        let renew = Renew { node: 7, at_ms: 0, lease_ms: 10_000, connections: 0, draining: false, incarnation: 1 };
-        urgent_tx.send(pending(Command::Renew(renew))).await.unwrap();
-        let (urgent, cmds, _) = tokio::time::timeout(Duration::from_secs(10), sent.recv())
-            .await
-            .expect("the renewal waited behind the bulk slots")
-            .unwrap();
-        assert!(urgent);
-        assert!(matches!(cmds.as_slice(), [Command::Renew(r)] if r.node == 7), "the renewal goes alone: {cmds:?}");
-        cancel.cancel();
-        drop(held);
-    }
-
-    fn release(i: usize) -> Command {
-        Command::Release(Release { device: format!("d{i}"), conn: 1 })
-    }
-
-    /// Starts a bulk loop whose last commit answered `answered` callers.
-    fn filling(answered: usize) -> (mpsc::Sender<Pending>, mpsc::UnboundedReceiver<Sent>, Arc<Fill>) {
-        let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
-        let (out, sent) = mpsc::unbounded_channel::<Sent>();
-        let fill = Arc::new(Fill::default());
-        if answered > 0 {
-            fill.committed(answered);
-        }
-        tokio::spawn(batches(rx, CancellationToken::new(), Some(fill.clone()), record(false, out)));
-        (tx, sent, fill)
-    }
-
-    /// Three callers were answered by the last commit; the first comes back alone, the other two a
-    /// moment later: the batch waits for them and carries all three.
-    #[tokio::test(start_paused = true)]
-    async fn a_batch_waits_for_the_callers_the_last_commit_answered() {
-        let (tx, mut sent, _) = filling(3);
-        tx.send(pending(release(0))).await.unwrap();
-        tokio::time::sleep(Duration::from_micros(300)).await;
-        assert!(sent.try_recv().is_err(), "the batch went out before the other callers came back");
-        tx.send(pending(release(1))).await.unwrap();
-        tx.send(pending(release(2))).await.unwrap();
-        let (_, cmds, _) = sent.recv().await.unwrap();
-        assert_eq!(cmds.len(), 3, "{cmds:?}");
-    }
-
-    /// Two groups of callers: while the batch waits for the first group, the other batch in flight
-    /// commits; its callers are waited for as well, and both groups share one entry.
-    #[tokio::test(start_paused = true)]
-    async fn callers_answered_while_a_batch_waits_join_it() {
-        let (tx, mut sent, fill) = filling(2);
-        tx.send(pending(release(0))).await.unwrap();
-        tokio::time::sleep(Duration::from_micros(100)).await;
-        fill.committed(2);
-        for i in 1..4 {
-            tx.send(pending(release(i))).await.unwrap();
-        }
-        let (_, cmds, _) = sent.recv().await.unwrap();
-        assert_eq!(cmds.len(), 4, "{cmds:?}");
-    }
-
-    /// A caller that does not come back holds the batch for MAX_LINGER, no longer; with nobody
-    /// answered (one client, the first write) or one (a single client) nothing waits.
-    #[tokio::test(start_paused = true)]
-    async fn a_batch_waits_no_longer_than_the_linger() {
-        for (answered, waits) in [(4, MAX_LINGER), (1, Duration::ZERO), (0, Duration::ZERO)] {
-            let (tx, mut sent, _) = filling(answered);
-            let start = tokio::time::Instant::now();
-            tx.send(pending(release(0))).await.unwrap();
-            let (_, cmds, _) = sent.recv().await.unwrap();
-            assert_eq!((cmds.len(), start.elapsed()), (1, waits), "answered {answered}");
-        }
-    }
-}
+#[path = "proposer_tests.rs"]
+mod tests;
