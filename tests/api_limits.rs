@@ -83,21 +83,33 @@ fn answer_status(s: &mut TcpStream, timeout: Duration) -> Option<u16> {
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
 }
 
-/// A publish of `len` bytes whose body is sent in `parts` with `pause` between them, then the
-/// status of its answer.
+/// A publish of `len` bytes whose body is sent in `parts` with `pause` between them (`chunked`:
+/// one chunk per part, otherwise after a `Content-Length`), then the status of its answer.
 fn slow_publish(
     addr: std::net::SocketAddr,
     bearer: &str,
     device: &str,
     len: usize,
-    parts: usize,
+    chunked: bool,
     pause: Duration,
 ) -> Result<u16, String> {
-    let mut s = hold_publish(addr, bearer, device, len);
+    const PARTS: usize = 8;
+    let framing = if chunked { "transfer-encoding: chunked".to_string() } else { format!("content-length: {len}") };
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST /v1/devices/{device}/messages HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
+         content-type: application/json\r\n{framing}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
     let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(len - 10));
-    for part in body.as_bytes().chunks(len.div_ceil(parts)) {
+    for part in body.as_bytes().chunks(len.div_ceil(PARTS)) {
         std::thread::sleep(pause);
-        s.write_all(part).map_err(|e| format!("sending the body: {e}"))?;
+        let sent =
+            if chunked { [format!("{:x}\r\n", part.len()).as_bytes(), part, b"\r\n"].concat() } else { part.to_vec() };
+        s.write_all(&sent).map_err(|e| format!("sending the body: {e}"))?;
+    }
+    if chunked {
+        s.write_all(b"0\r\n\r\n").map_err(|e| format!("ending the body: {e}"))?;
     }
     answer_status(&mut s, http::REQUEST_TIMEOUT).ok_or_else(|| "no answer".to_string())
 }
@@ -150,9 +162,9 @@ fn publishes_in_flight_are_held_to_a_byte_budget() {
     assert!(c.metric_labeled(0, "gateway_publishes_total", "result=\"busy\"").unwrap_or(0.0) >= 1.0);
     // A backend on a slow link is still sending its body when the node refuses it: it reads the
     // refusal (and retries), not a reset connection and a broken pipe halfway through its body.
-    let slow = slow_publish(addr, &bearer, "budget-dev", payload_limit, 8, Duration::from_millis(100));
+    let slow = slow_publish(addr, &bearer, "budget-dev", payload_limit, false, Duration::from_millis(100));
     assert_eq!(slow, Ok(503), "a publish refused while its body was still being sent");
-    let slow = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, 8, Duration::from_millis(100));
+    let slow = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, false, Duration::from_millis(100));
     assert_eq!(slow, Ok(413), "a publish over the payload limit, refused while its body was still being sent");
 
     // Bodies that never arrive are answered 408 at the deadline, and give their share back.
@@ -163,4 +175,8 @@ fn publishes_in_flight_are_held_to_a_byte_budget() {
     let r = publish();
     assert_eq!(r.status, 200, "publishing works again: {}", r.text());
     assert_eq!(ws.next_text(Duration::from_secs(5) + SLACK, "the publish after the budget")["seq"], 2);
+    // Sent chunked (no length to refuse it by), a body over the limit is read to its end too.
+    let chunked = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, true, Duration::from_millis(100));
+    assert_eq!(chunked, Ok(413), "a chunked publish over the payload limit, refused while it was still being sent");
+    assert_eq!(c.metric(0, "gateway_publish_bytes_in_flight"), Some(0.0), "the refused publish gave its charge back");
 }

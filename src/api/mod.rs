@@ -133,6 +133,39 @@ pub async fn run(
     crate::server::serve(what, listener, tls, conns, shutdown, handler).await
 }
 
+/// Why a request's body was not read.
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+/// The body, at most `limit` bytes. A longer one (sent chunked: a declared length is refused
+/// before) is read on to its end and dropped, up to [`MAX_RPC_BYTES`] in all and within the
+/// caller's deadline, before `TooLarge`: a sender still writing it reads the `413`, as with
+/// [`discard_body`]. Nothing past `limit` is kept.
+async fn read_body(mut body: Incoming, limit: usize) -> Result<bytes::Bytes, BodyError> {
+    let mut kept: Vec<bytes::Bytes> = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyError::Broken)?.into_data() else { continue };
+        seen = seen.saturating_add(data.len());
+        if seen > limit.max(MAX_RPC_BYTES) {
+            return Err(BodyError::TooLarge);
+        }
+        if seen <= limit {
+            kept.push(data);
+        }
+    }
+    if seen > limit {
+        return Err(BodyError::TooLarge);
+    }
+    Ok(match kept.as_slice() {
+        [] => bytes::Bytes::new(),
+        [one] => one.clone(),
+        many => many.concat().into(),
+    })
+}
+
 /// Reads and drops the body of a request refused before its body was read (at most `limit` bytes,
 /// within [`BODY_READ_TIMEOUT`]; nothing is kept), so that a sender still writing it reads the
 /// answer: a connection closed with unread bytes is reset, and the sender's next write fails
@@ -225,15 +258,15 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         }
         charge => charge,
     };
-    let read = Limited::new(req.into_body(), limit).collect();
+    let read = read_body(req.into_body(), limit);
     let read = match deadline {
         None => Ok(read.await),
         Some(d) => tokio::time::timeout(d, read).await,
     };
     let body = match read {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-        Ok(Err(_)) => return error(StatusCode::BAD_REQUEST, "bad_body", "the body could not be read"),
+        Ok(Ok(b)) => b,
+        Ok(Err(BodyError::TooLarge)) => return too_large(),
+        Ok(Err(BodyError::Broken)) => return error(StatusCode::BAD_REQUEST, "bad_body", "the body could not be read"),
         Err(_) => {
             let msg = format!("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs());
             return error(StatusCode::REQUEST_TIMEOUT, "body_timeout", msg);
