@@ -52,6 +52,7 @@ pub struct Metrics {
     /// Times this leader's proposer held a write back (for `LEASE_RETRY`, 10 ms) because openraft
     /// refused it for want of a valid leader lease (just elected, or cut off from its quorum).
     pub propose_lease_waits: Counter,
+    pub propose_abandoned: Counter,
     /// Claims by result (`accepted`, `stale`, `not_live`, `error`).
     pub claims: Family<ResultLabel, Counter>,
     /// Snapshots this node built from its state, and snapshots it installed from a leader.
@@ -164,6 +165,7 @@ impl Default for Metrics {
             proposed_commands: Counter::default(),
             proposed_batches: Counter::default(),
             propose_lease_waits: Counter::default(),
+            propose_abandoned: Counter::default(),
             claims: Family::default(),
             nodes_expired: Counter::default(),
             suspicions: Family::default(),
@@ -235,6 +237,11 @@ impl Default for Metrics {
             "proposed_batches",
             "Log entries (batches) proposed by this node",
             m.proposed_batches.clone(),
+        );
+        registry.register(
+            "propose_abandoned",
+            "Commands dropped unwritten from the proposer's queue: their caller had stopped waiting (timed out, or gone)",
+            m.propose_abandoned.clone(),
         );
         registry.register(
             "propose_lease_waits",

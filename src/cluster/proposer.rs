@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -269,7 +270,11 @@ async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pendi
     };
     let fill = Arc::new(Fill::default());
     let bulk = Ctx { fill: Some(fill.clone()), ..ctx.clone() };
-    tokio::join!(batches(urgent, cancel.clone(), None, spawn(ctx)), batches(rx, cancel, Some(fill), spawn(bulk)));
+    let abandoned = ctx.metrics.propose_abandoned.clone();
+    tokio::join!(
+        batches(urgent, cancel.clone(), None, abandoned.clone(), spawn(ctx)),
+        batches(rx, cancel, Some(fill), abandoned, spawn(bulk))
+    );
 }
 
 /// The batching loop of one queue. Urgent commands (lease and leader duties) have a loop, batches
@@ -281,6 +286,7 @@ async fn batches(
     mut rx: mpsc::Receiver<Pending>,
     cancel: CancellationToken,
     fill: Option<Arc<Fill>>,
+    abandoned: Counter,
     mut spawn: impl FnMut(Vec<Pending>, OwnedSemaphorePermit),
 ) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -292,24 +298,25 @@ async fn batches(
             _ = cancel.cancelled() => return,
             p = in_flight.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
         };
-        let first = match carry.take() {
-            Some(p) => p,
-            None => loop {
-                let p = tokio::select! {
+        let first = loop {
+            let p = match carry.take() {
+                Some(p) => p,
+                None => tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return,
                     p = rx.recv() => match p { Some(p) => p, None => return },
-                };
-                if !p.reply.is_closed() {
-                    break p;
-                }
-            },
+                },
+            };
+            if !p.reply.is_closed() {
+                break p;
+            }
+            abandoned.inc();
         };
         let mut bytes = first.cmd.weight();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH && bytes <= MAX_BATCH_BYTES {
             let Ok(p) = rx.try_recv() else { break };
-            carry = add(&mut batch, &mut bytes, p);
+            carry = add(&mut batch, &mut bytes, p, &abandoned);
             if carry.is_some() {
                 break;
             }
@@ -324,7 +331,7 @@ async fn batches(
                     p = rx.recv() => match p { Some(p) => p, None => break },
                     _ = tokio::time::sleep_until(until) => break,
                 };
-                carry = add(&mut batch, &mut bytes, p);
+                carry = add(&mut batch, &mut bytes, p, &abandoned);
                 // The other batch in flight committed meanwhile: its callers join this one.
                 want += fill.take_answered();
             }
@@ -339,8 +346,9 @@ async fn batches(
 /// commands of callers that were answered `Timeout` and retried, and writing those again would
 /// cost the log what the retries already cost it. (Not writing a timed-out command is one of the
 /// outcomes its caller was told to expect.)
-fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending) -> Option<Pending> {
+fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending, abandoned: &Counter) -> Option<Pending> {
     if p.reply.is_closed() {
+        abandoned.inc();
         return None;
     }
     *bytes += p.cmd.weight();

@@ -37,8 +37,8 @@ async fn a_renewal_goes_out_alone_while_releases_hold_every_bulk_slot() {
     }
     let (out, mut sent) = mpsc::unbounded_channel::<Sent>();
     let cancel = CancellationToken::new();
-    tokio::spawn(batches(rx, cancel.clone(), None, record(false, out.clone())));
-    tokio::spawn(batches(urgent_rx, cancel.clone(), None, record(true, out)));
+    tokio::spawn(batches(rx, cancel.clone(), None, Counter::default(), record(false, out.clone())));
+    tokio::spawn(batches(urgent_rx, cancel.clone(), None, Counter::default(), record(true, out)));
     let mut held = Vec::new();
     for _ in 0..MAX_IN_FLIGHT {
         let (urgent, cmds, permit) = sent.recv().await.unwrap();
@@ -70,7 +70,7 @@ fn filling(answered: usize) -> (mpsc::Sender<Pending>, mpsc::UnboundedReceiver<S
     if answered > 0 {
         fill.committed(answered);
     }
-    tokio::spawn(batches(rx, CancellationToken::new(), Some(fill.clone()), record(false, out)));
+    tokio::spawn(batches(rx, CancellationToken::new(), Some(fill.clone()), Counter::default(), record(false, out)));
     (tx, sent, fill)
 }
 
@@ -133,9 +133,11 @@ async fn commands_whose_callers_gave_up_are_not_batched() {
         tx.send(if i % 2 == 0 { abandoned(release(i)) } else { pending(release(i)) }).await.unwrap();
     }
     let (out, mut sent) = mpsc::unbounded_channel::<Sent>();
-    tokio::spawn(batches(rx, CancellationToken::new(), None, record(false, out)));
+    let abandoned = Counter::default();
+    tokio::spawn(batches(rx, CancellationToken::new(), None, abandoned.clone(), record(false, out)));
     let (_, cmds, _) = sent.recv().await.unwrap();
     assert_eq!(cmds.iter().map(device).collect::<Vec<_>>(), ["d1", "d3", "d5"]);
+    assert_eq!(abandoned.get(), 3, "counted in gateway_propose_abandoned_total");
 }
 
 /// A publish of the largest payload (1 MiB).

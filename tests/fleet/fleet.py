@@ -166,7 +166,7 @@ def metric(text, name):
 # the cluster itself wobbled (suspicions, fencing, elections).
 STORM_METRICS = ("gateway_handshakes_total", "gateway_claims_total", "gateway_suspicions_total",
                  "gateway_fence_events_total", "gateway_raft_term", "gateway_suspect_nodes",
-                 "gateway_propose_lease_waits_total")
+                 "gateway_propose_lease_waits_total", "gateway_propose_abandoned_total")
 
 
 def series(text, names):
