@@ -52,6 +52,7 @@ pub struct Metrics {
     /// Times this leader's proposer held a write back (for `LEASE_RETRY`, 10 ms) because openraft
     /// refused it for want of a valid leader lease (just elected, or cut off from its quorum).
     pub propose_lease_waits: Counter,
+    /// Commands the proposer dropped unwritten because their caller had stopped waiting.
     pub propose_abandoned: Counter,
     /// Claims by result (`accepted`, `stale`, `not_live`, `error`).
     pub claims: Family<ResultLabel, Counter>,

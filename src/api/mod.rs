@@ -20,7 +20,7 @@ pub use messages::{Budget as PublishBudget, PUBLISHES_IN_FLIGHT, PUBLISH_OVERHEA
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use subtle::ConstantTimeEq;
@@ -139,24 +139,28 @@ enum BodyError {
     Broken,
 }
 
-/// The body, at most `limit` bytes. A longer one (sent chunked: a declared length is refused
-/// before) is read on to its end and dropped, up to [`MAX_RPC_BYTES`] in all and within the
-/// caller's deadline, before `TooLarge`: a sender still writing it reads the `413`, as with
-/// [`discard_body`]. Nothing past `limit` is kept.
-async fn read_body(mut body: Incoming, limit: usize) -> Result<bytes::Bytes, BodyError> {
+/// The body, if it is at most `keep` bytes. A longer one is read on to its end and dropped
+/// before `TooLarge` (a sender still writing it reads the `413`; see [`discard_body`]), up to
+/// `cap` bytes in all and within the caller's deadline; one declared longer than `cap` is not
+/// read at all. Nothing past `keep` is kept. A request is read with `keep` its path's limit and
+/// `cap` at least [`MAX_RPC_BYTES`]: a chunked body declares no length to refuse it by.
+async fn read_body(mut body: Incoming, keep: usize, cap: usize) -> Result<bytes::Bytes, BodyError> {
+    if hyper::body::Body::size_hint(&body).lower() > cap as u64 {
+        return Err(BodyError::TooLarge);
+    }
     let mut kept: Vec<bytes::Bytes> = Vec::new();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|_| BodyError::Broken)?.into_data() else { continue };
         seen = seen.saturating_add(data.len());
-        if seen > limit.max(MAX_RPC_BYTES) {
+        if seen > cap {
             return Err(BodyError::TooLarge);
         }
-        if seen <= limit {
+        if seen <= keep {
             kept.push(data);
         }
     }
-    if seen > limit {
+    if seen > keep {
         return Err(BodyError::TooLarge);
     }
     Ok(match kept.as_slice() {
@@ -178,9 +182,7 @@ async fn discard_body(req: Request<Incoming>, limit: usize) {
     if waits {
         return;
     }
-    let mut body = Limited::new(req.into_body(), limit);
-    let drain = async { while let Some(Ok(_)) = body.frame().await {} };
-    let _ = tokio::time::timeout(BODY_READ_TIMEOUT, drain).await;
+    let _ = tokio::time::timeout(BODY_READ_TIMEOUT, read_body(req.into_body(), 0, limit)).await;
 }
 
 /// Paths called many times a second by members and monitors: their access lines are at debug level.
@@ -258,7 +260,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         }
         charge => charge,
     };
-    let read = read_body(req.into_body(), limit);
+    let read = read_body(req.into_body(), limit, limit.max(MAX_RPC_BYTES));
     let read = match deadline {
         None => Ok(read.await),
         Some(d) => tokio::time::timeout(d, read).await,
