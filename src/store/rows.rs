@@ -8,7 +8,9 @@
 //! commit, under the apply's lock, so entries follow the log in order; an open or an install
 //! clears it and puts every row its scan reads. A row not held (never written since the open, or
 //! evicted) is read from the table as before. A held row is the committed one, as of the last
-//! apply that finished: the same answer a read transaction started at that moment gives.
+//! apply that finished: the same answer a read transaction started at that moment gives. So the
+//! next apply, which runs under the same lock, reads a device's row from here too when it is held
+//! (a reconnecting device's claim, a release), and walks the table only for the others.
 
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;

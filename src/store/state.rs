@@ -204,7 +204,7 @@ impl StateDb {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::None)?;
         let (out, (moves, changed)) = {
-            let mut tx = StateTxn::open(&txn, &index);
+            let mut tx = StateTxn::open(&txn, &index, &self.rows);
             let out = f(&mut tx)?;
             (out, tx.write_back()?)
         };

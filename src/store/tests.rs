@@ -312,6 +312,26 @@ fn install_reads_a_snapshot_of_layout_2() {
     assert!(matches!(replies[1], Reply::Claim(machine::ClaimReply::Accepted { version: 2, .. })), "{replies:?}");
 }
 
+/// An apply reads a device's row from the row cache when it holds it. An install replaces every
+/// row, so the rows the cache held before must not answer after it: claims are judged by the
+/// installed rows (a floor the snapshot raised, a device it does not hold), as on every node.
+#[test]
+fn claims_after_an_install_are_judged_by_the_installed_rows_not_the_cached_ones() {
+    let mut ahead = populated();
+    ahead.entry(vec![testkit::claim("d1", 1, 9, 0, 5)]);
+    let mut behind = populated();
+    behind.entry(vec![testkit::claim("d4", 1, 11, 0, 5)]);
+    assert!(behind.b.db.cached_route("d1").is_some() && behind.b.db.cached_route("d4").is_some(), "cached before");
+    behind.install_from(&ahead);
+    let claims = vec![testkit::claim("d1", 1, 12, 0, 3), testkit::claim("d4", 1, 12, 0, 1)];
+    for sm in [&mut behind, &mut ahead] {
+        let replies = sm.entry(claims.clone());
+        assert!(matches!(replies[0], Reply::Claim(machine::ClaimReply::Stale { .. })), "{replies:?}");
+        assert!(matches!(replies[1], Reply::Claim(machine::ClaimReply::Accepted { version: 1, .. })), "{replies:?}");
+    }
+    assert_eq!(rows(&behind.b.db), rows(&ahead.b.db));
+}
+
 /// `sm`'s state as layout `format` (2 or 3) stored it, in `sm`'s file: the per-node route table
 /// and each lease row's route count, and (layout 2) the device rows split into a route table and
 /// a floor table.

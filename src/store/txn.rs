@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
 use super::index::{Moves, RouteIndex};
+use super::rows::RowCache;
 use super::schema::{
     CLUSTER_EVENTS, DEVICES, DEVICE_TENANTS, HEADS, IDEMPOTENCY, KEY_ORDER, LEDGER, META, NODES, STREAMS, TENANTS,
 };
@@ -62,6 +63,10 @@ pub struct StateTxn<'t> {
     /// [`StateTxn::write_back`] (in key order): a claim reads a floor and a route and writes
     /// both, one row read and one written. At most one row per device the transaction touches.
     rows: RefCell<BTreeMap<String, Cached>>,
+    /// The committed rows kept in memory ([`RowCache`]): a row it holds is the one the table
+    /// holds (written through after every commit, under the apply's lock), so a first read of a
+    /// device it holds skips the B-tree walk.
+    committed: &'t RowCache,
     /// The per-node route index as of the last commit, and this transaction's moves in it
     /// (applied by [`super::state::StateDb::apply`] once the commit succeeds).
     index: &'t RouteIndex,
@@ -79,11 +84,12 @@ pub struct StateTxn<'t> {
 }
 
 impl<'t> StateTxn<'t> {
-    pub(super) fn open(txn: &'t WriteTransaction, index: &'t RouteIndex) -> Self {
+    pub(super) fn open(txn: &'t WriteTransaction, index: &'t RouteIndex, committed: &'t RowCache) -> Self {
         StateTxn {
             txn,
             devices: Lazy::new(DEVICES),
             rows: RefCell::new(BTreeMap::new()),
+            committed,
             index,
             moves: Moves::new(),
             nodes: Lazy::new(NODES),
@@ -99,12 +105,15 @@ impl<'t> StateTxn<'t> {
         }
     }
 
-    /// `device`'s row, read once per transaction.
+    /// `device`'s row, read once per transaction (from the row cache when it holds it).
     fn row(&self, device: &str) -> Result<DeviceRow, StoreError> {
         if let Some(c) = self.rows.borrow().get(device) {
             return Ok(c.row.clone());
         }
-        let row: DeviceRow = get(self.devices.get(self.txn)?, device)?.unwrap_or_default();
+        let row: DeviceRow = match self.committed.get(device) {
+            Some((route, floor)) => DeviceRow { route, floor },
+            None => get(self.devices.get(self.txn)?, device)?.unwrap_or_default(),
+        };
         self.rows.borrow_mut().insert(device.to_string(), Cached { row: row.clone(), dirty: false });
         Ok(row)
     }
@@ -124,7 +133,6 @@ impl<'t> StateTxn<'t> {
     /// and the row cache once the transaction commits.
     pub(super) fn write_back(&mut self) -> Result<(Moves, Vec<(String, DeviceRow)>), StoreError> {
         let mut changed = Vec::new();
-        // Every cached row was read through the table, so it is open whenever a row is dirty.
         for (device, c) in std::mem::take(self.rows.get_mut()).into_iter().filter(|(_, c)| c.dirty) {
             let table = self.devices.get_mut(self.txn)?;
             if c.row == DeviceRow::default() {
