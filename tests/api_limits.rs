@@ -63,15 +63,21 @@ fn oversized_heads_and_admin_bodies_and_bad_members_are_refused_without_echo() {
     assert!(!status.contains("n9") && !status.contains(&marker), "a refused member joined: {status}");
 }
 
-/// Starts a publish that declares a body of `len` bytes and sends none of it.
-fn hold_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, len: usize) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
+/// Starts a publish whose body is framed by `framing` (a `content-length` or `transfer-encoding`
+/// header) and sends none of it.
+fn start_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, framing: &str) -> Result<TcpStream, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     let head = format!(
         "POST /v1/devices/{device}/messages HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
-         content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+         content-type: application/json\r\n{framing}\r\n\r\n"
     );
-    s.write_all(head.as_bytes()).unwrap();
-    s
+    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// Starts a publish that declares a body of `len` bytes and sends none of it.
+fn hold_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, len: usize) -> TcpStream {
+    start_publish(addr, bearer, device, &format!("content-length: {len}")).expect("a publish started")
 }
 
 /// The status line of the answer on `s`, within `timeout`.
@@ -95,12 +101,7 @@ fn slow_publish(
 ) -> Result<u16, String> {
     const PARTS: usize = 8;
     let framing = if chunked { "transfer-encoding: chunked".to_string() } else { format!("content-length: {len}") };
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    let head = format!(
-        "POST /v1/devices/{device}/messages HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
-         content-type: application/json\r\n{framing}\r\n\r\n"
-    );
-    s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
+    let mut s = start_publish(addr, bearer, device, &framing)?;
     let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(len - 10));
     for part in body.as_bytes().chunks(len.div_ceil(PARTS)) {
         std::thread::sleep(pause);
