@@ -92,19 +92,23 @@ pub struct Parts {
     pub clock: Arc<ClusterClock>,
 }
 
-/// Who leads, as this node's Raft instance sees it; wakes on every change.
+/// Who leads, as this node's Raft instance sees it. It watches openraft's server metrics (vote,
+/// role, leader, membership), which are sent only when they change: the full metrics are sent
+/// after every append, commit and apply, and a task watching them woke (a thread hand-off) for
+/// every entry on every node.
 pub struct Leadership {
-    rx: openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>,
+    rx: openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::metrics::RaftServerMetrics<TypeConfig>>,
 }
 
 impl Leadership {
     /// (leader, term) now.
     pub fn now(&self) -> (Option<NodeId>, u64) {
         let m = self.rx.borrow_watched();
-        (m.current_leader, m.current_term)
+        (m.current_leader, m.vote.leader_id.term)
     }
 
-    /// Waits for the next change of the Raft state; false once Raft stopped.
+    /// Waits for the next change of the vote, the role, the leader or the membership; false once
+    /// Raft stopped.
     pub async fn changed(&mut self) -> bool {
         self.rx.changed().await.is_ok()
     }
@@ -383,7 +387,7 @@ impl Handle {
     }
 
     pub fn leadership(&self) -> Leadership {
-        Leadership { rx: self.inner.raft.metrics() }
+        Leadership { rx: self.inner.raft.server_metrics() }
     }
 
     /// Hands a Raft RPC (`/raft/*`) to the local Raft instance.
