@@ -5,7 +5,8 @@
 //! its budget of bodies, the next publish is answered `503 busy` at once, a body that does not
 //! arrive within the body deadline is answered `408` and gives its share back, and publishing
 //! works again. A publish refused (busy, or too large) while its body is still arriving is read
-//! to its end first, so the sender reads the refusal instead of a reset.
+//! to its end first, so the sender reads the refusal instead of a reset; so is a body refused
+//! by its caller's secret (401, 403).
 
 mod common;
 
@@ -63,21 +64,25 @@ fn oversized_heads_and_admin_bodies_and_bad_members_are_refused_without_echo() {
     assert!(!status.contains("n9") && !status.contains(&marker), "a refused member joined: {status}");
 }
 
-/// Starts a publish whose body is framed by `framing` (a `content-length` or `transfer-encoding`
-/// header) and sends none of it.
-fn start_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, framing: &str) -> Result<TcpStream, String> {
+/// Starts a `POST` to `path` whose body is framed by `framing` (a `content-length` or
+/// `transfer-encoding` header) and sends none of it.
+fn start_post(addr: std::net::SocketAddr, bearer: &str, path: &str, framing: &str) -> Result<TcpStream, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     let head = format!(
-        "POST /v1/devices/{device}/messages HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: {bearer}\r\n\
          content-type: application/json\r\n{framing}\r\n\r\n"
     );
     s.write_all(head.as_bytes()).map_err(|e| e.to_string())?;
     Ok(s)
 }
 
+fn messages(device: &str) -> String {
+    format!("/v1/devices/{device}/messages")
+}
+
 /// Starts a publish that declares a body of `len` bytes and sends none of it.
 fn hold_publish(addr: std::net::SocketAddr, bearer: &str, device: &str, len: usize) -> TcpStream {
-    start_publish(addr, bearer, device, &format!("content-length: {len}")).expect("a publish started")
+    start_post(addr, bearer, &messages(device), &format!("content-length: {len}")).expect("a publish started")
 }
 
 /// The status line of the answer on `s`, within `timeout`.
@@ -89,19 +94,20 @@ fn answer_status(s: &mut TcpStream, timeout: Duration) -> Option<u16> {
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
 }
 
-/// A publish of `len` bytes whose body is sent in `parts` with `pause` between them (`chunked`:
-/// one chunk per part, otherwise after a `Content-Length`), then the status of its answer.
-fn slow_publish(
+/// A `POST` to `path` of `len` bytes whose body is sent in `parts` with `pause` between them
+/// (`chunked`: one chunk per part, otherwise after a `Content-Length`), then the status of its
+/// answer; an error when the node reset the connection before the body was sent.
+fn slow_post(
     addr: std::net::SocketAddr,
     bearer: &str,
-    device: &str,
+    path: &str,
     len: usize,
     chunked: bool,
     pause: Duration,
 ) -> Result<u16, String> {
     const PARTS: usize = 8;
     let framing = if chunked { "transfer-encoding: chunked".to_string() } else { format!("content-length: {len}") };
-    let mut s = start_publish(addr, bearer, device, &framing)?;
+    let mut s = start_post(addr, bearer, path, &framing)?;
     let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(len - 10));
     for part in body.as_bytes().chunks(len.div_ceil(PARTS)) {
         std::thread::sleep(pause);
@@ -163,9 +169,9 @@ fn publishes_in_flight_are_held_to_a_byte_budget() {
     assert!(c.metric_labeled(0, "gateway_publishes_total", "result=\"busy\"").unwrap_or(0.0) >= 1.0);
     // A backend on a slow link is still sending its body when the node refuses it: it reads the
     // refusal (and retries), not a reset connection and a broken pipe halfway through its body.
-    let slow = slow_publish(addr, &bearer, "budget-dev", payload_limit, false, Duration::from_millis(100));
+    let slow = slow_post(addr, &bearer, &messages("budget-dev"), payload_limit, false, Duration::from_millis(100));
     assert_eq!(slow, Ok(503), "a publish refused while its body was still being sent");
-    let slow = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, false, Duration::from_millis(100));
+    let slow = slow_post(addr, &bearer, &messages("budget-dev"), 2 * payload_limit, false, Duration::from_millis(100));
     assert_eq!(slow, Ok(413), "a publish over the payload limit, refused while its body was still being sent");
 
     // Bodies that never arrive are answered 408 at the deadline, and give their share back.
@@ -177,7 +183,28 @@ fn publishes_in_flight_are_held_to_a_byte_budget() {
     assert_eq!(r.status, 200, "publishing works again: {}", r.text());
     assert_eq!(ws.next_text(Duration::from_secs(5) + SLACK, "the publish after the budget")["seq"], 2);
     // Sent chunked (no length to refuse it by), a body over the limit is read to its end too.
-    let chunked = slow_publish(addr, &bearer, "budget-dev", 2 * payload_limit, true, Duration::from_millis(100));
+    let chunked =
+        slow_post(addr, &bearer, &messages("budget-dev"), 2 * payload_limit, true, Duration::from_millis(100));
     assert_eq!(chunked, Ok(413), "a chunked publish over the payload limit, refused while it was still being sent");
     assert_eq!(c.metric(0, "gateway_publish_bytes_in_flight"), Some(0.0), "the refused publish gave its charge back");
+}
+
+#[test]
+fn a_caller_refused_by_its_secret_reads_the_refusal_not_a_reset() {
+    let keys = tempfile::tempdir().unwrap();
+    let file = keys.path().join("backend.secret");
+    let backend = random_hex(32);
+    std::fs::write(&file, format!("{backend}\n")).unwrap();
+    let (c, _) = Cluster::form(1, &["--backend-secret-file", file.to_str().unwrap()]);
+    let addr = c.nodes[0].cluster_addr();
+    let (len, pause) = (16 << 10, Duration::from_millis(100));
+    // A backend whose secret was rotated out is still sending its publish when the node refuses
+    // it: it reads the 401 (and stops), not a reset connection it would retry as a network fault.
+    let rotated_out = format!("Bearer {}", random_hex(32));
+    let publish = messages("d1");
+    assert_eq!(slow_post(addr, &rotated_out, &publish, len, false, pause), Ok(401), "a publish with a wrong secret");
+    assert_eq!(slow_post(addr, &rotated_out, &publish, len, true, pause), Ok(401), "the same, sent chunked");
+    // A backend secret used on a path it does not reach, with a body: it reads the 403.
+    let bearer = format!("Bearer {backend}");
+    assert_eq!(slow_post(addr, &bearer, "/cluster/admission", len, false, pause), Ok(403), "an admin call");
 }

@@ -1,6 +1,8 @@
 //! The cluster listener: Raft RPC, admin API, route lookup, claims and publishes, health and
 //! metrics. Every path except `/healthz`, `/readyz` and `/metrics` needs `Authorization: Bearer
-//! <secret>` (constant-time compare); a request without one gets 401 and changes nothing. The
+//! <secret>` (constant-time compare); a request without one gets 401 and changes nothing (its
+//! body, at most a publish's or an admin body's limit, is read and dropped first, so that a
+//! sender still writing it reads the 401 rather than a reset). The
 //! cluster secret reaches every path; a backend secret only publishes and reads routes (403
 //! elsewhere: never Raft RPC, membership, propose or admin). Request heads are read up to
 //! [`MAX_HEAD_BYTES`]; bodies up to what the path needs: a Raft RPC or a forwarded batch up to
@@ -208,15 +210,21 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (_, p) if ui::is_ui_path(p) => return ui::serve(api, &req).await,
         _ => {}
     }
-    let Some(caller) = caller(api, &req) else {
-        tracing::debug!(%method, %path, "refused an unauthenticated request");
-        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong cluster or backend secret");
-    };
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let publish = matches!((&method, segments.as_slice()), (&Method::POST, ["v1", "devices", _, "messages"]));
     let route = matches!((&method, segments.as_slice()), (&Method::GET, ["v1", "devices", _, "route"]));
+    // What a caller refused by its secret may have us read of its body, so that it reads the
+    // refusal (see `discard_body`): a publish's payload limit, an admin body otherwise, never a
+    // member's RPC size.
+    let refused_body = if publish { api.device.max_payload_bytes } else { MAX_ADMIN_BODY };
+    let Some(caller) = caller(api, &req) else {
+        tracing::debug!(%method, %path, "refused an unauthenticated request");
+        discard_body(req, refused_body).await;
+        return error(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong cluster or backend secret");
+    };
     if caller == Caller::Backend && !(publish || route) {
         tracing::debug!(%method, %path, "refused a backend request outside publish and route reads");
+        discard_body(req, refused_body).await;
         return error(StatusCode::FORBIDDEN, "forbidden", "a backend secret publishes and reads routes only");
     }
     if method == Method::POST && path == APPEND_STREAM_PATH {
