@@ -44,7 +44,7 @@ fn main() {
     let cluster = Cluster::form(&rt, "claims", 3, &["--lease-ms", LEASE_MS]);
     let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader: {e}"));
     let floor = support::floor(500);
-    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us } = floor;
+    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
     let all: Vec<String> = cluster.nodes.iter().map(|n| n.cluster_addr.clone()).collect();
     println!(
         "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, {} cpus, loadavg {}; \
@@ -77,7 +77,7 @@ fn main() {
     let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none, None);
     println!(
         "{}",
-        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
+        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
                "publish": publish, "publish_idempotency_key": false, "postgres": postgres})
     );

@@ -57,7 +57,7 @@ fn main() {
     let idle = env_or("HANDSHAKES_BENCH_IDLE", 2000) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let floor = support::floor(500);
-    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us } = floor;
+    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
     println!(
         "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {} cpus, loadavg {}; \
          floor: {}",
@@ -136,7 +136,7 @@ fn main() {
     println!("{renewals}");
     println!(
         "{}",
-        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "concurrency": conc, "secs_per_run": secs,
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
                "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json()})
     );
 }

@@ -319,6 +319,11 @@ pub struct Floor {
     /// theirs, and answers once its flush and one follower's answer are in. The least a 1-client
     /// claim can take here, with none of the gateway's work: the hops and the parallel flush.
     pub quorum_us: f64,
+    /// How long an idle vCPU polls before it halts (`guest_halt_poll_ns` of Linux's `haltpoll`
+    /// idle driver), when the guest has that driver: at 0 every wake-up of a thread on an idle vCPU
+    /// is an exit to the host, which doubled PostgreSQL's one-client claim here (README,
+    /// "One client's ratio depends on how the host idles its vCPUs").
+    pub halt_poll_ns: Option<u64>,
 }
 
 impl Floor {
@@ -326,8 +331,14 @@ impl Floor {
     pub fn describe(&self) -> String {
         format!(
             "fdatasync p50 {:.0} us appending, {:.0} us overwriting (three writers at once: {:.0} and {:.0} us), \
-             loopback round trip p50 {:.0} us, bare replicated write p50 {:.0} us",
-            self.fsync_us, self.over_us, self.fsync3_us, self.over3_us, self.rtt_us, self.quorum_us
+             loopback round trip p50 {:.0} us, bare replicated write p50 {:.0} us, vCPU halt polling {}",
+            self.fsync_us,
+            self.over_us,
+            self.fsync3_us,
+            self.over3_us,
+            self.rtt_us,
+            self.quorum_us,
+            self.halt_poll_ns.map_or("n/a".to_string(), |ns| format!("{ns} ns"))
         )
     }
 }
@@ -397,6 +408,9 @@ pub fn floor(rounds: usize) -> Floor {
         over3_us: median(over3),
         rtt_us: median(rtt),
         quorum_us: median(quorum_probe(rounds)),
+        halt_poll_ns: std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+            .ok()
+            .and_then(|v| v.trim().parse().ok()),
     }
 }
 
