@@ -20,8 +20,11 @@
 //!
 //! Side by side in the same run, when PostgreSQL's server binaries and `pgbench` are installed
 //! (`support::postgres`): a throwaway PostgreSQL in the same temp dir, default durability, gets
-//! the seed design's claim transaction from `pgbench -c C` after each C's gateway rows; a summary
-//! prints gateway/PostgreSQL per C against issue 11's goal.
+//! the seed design's claim transaction from `pgbench -c C` after each C's gateway rows (`pg`); a
+//! summary prints gateway/PostgreSQL per C against issue 11's goal. A second throwaway PostgreSQL
+//! with a synchronous standby (a commit waits for the standby's flush too, as a claim waits for a
+//! second node's) gets the same runs (`pg-sb`) and a summary of its own, without a goal:
+//! the like-for-like durability reference. `CLAIMS_BENCH_PG_STANDBY=0` leaves it out.
 
 mod support;
 
@@ -31,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use gateway::http::HttpClient;
 use serde_json::{json, Value};
-use support::postgres::{self, Postgres};
+use support::postgres::{self, Postgres, Setup};
 use support::{loadavg, scrape, Cluster};
 
 const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
@@ -56,30 +59,35 @@ fn main() {
         floor.describe()
     );
 
-    let pg = Postgres::start("claims");
+    let standby = std::env::var("CLAIMS_BENCH_PG_STANDBY").map_or(true, |v| v != "0");
+    let setups = if standby { vec![Setup::Single, Setup::SyncStandby] } else { vec![Setup::Single] };
+    let pgs: Vec<Postgres> = setups.into_iter().filter_map(|s| Postgres::start("claims", s)).collect();
 
     // A short warm-up so the first measured run does not pay for connection setup and page faults.
     rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
-    if let Some(pg) = &pg {
+    for pg in &pgs {
         pg.run(8, 1);
     }
 
     // Devices claimed at least once (one per claiming task), reused as publish targets.
     let mut claimed: Vec<String> = Vec::new();
-    let mut pg_runs = Vec::new();
-    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed, pg.as_ref().map(|p| (p, &mut pg_runs)));
-    // Prints the gateway/PostgreSQL summary; the server is stopped before the publish phase.
-    let postgres = pg.as_ref().map(|p| p.report(&pg_runs, &rows));
-    drop(pg);
+    let mut refs: Vec<(&Postgres, Vec<postgres::PgRun>)> = pgs.iter().map(|p| (p, Vec::new())).collect();
+    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed, &mut refs);
+    // Prints the gateway/PostgreSQL summaries; the servers are stopped before the publish phase.
+    let report = |setup: Setup| refs.iter().find(|(p, _)| p.setup == setup).map(|(p, runs)| p.report(runs, &rows));
+    let (postgres, postgres_sync_standby) = (report(Setup::Single), report(Setup::SyncStandby));
+    drop(refs);
+    drop(pgs);
     claimed.sort();
     claimed.dedup();
     let mut none = Vec::new();
-    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none, None);
+    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none, &mut []);
     println!(
         "{}",
         json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
-               "publish": publish, "publish_idempotency_key": false, "postgres": postgres})
+               "publish": publish, "publish_idempotency_key": false, "postgres": postgres,
+               "postgres_sync_standby": postgres_sync_standby})
     );
     drop(cluster);
 }
@@ -100,8 +108,8 @@ enum Op {
 }
 
 /// Prints a titled table, one row per (C, via), and returns the rows as JSON. Claim runs add the
-/// devices they claimed to `claimed`; with `pg`, each C's gateway rows are followed by a PostgreSQL
-/// run, printed as a `pg` row and kept in its list.
+/// devices they claimed to `claimed`; each C's gateway rows are followed by a run of each
+/// PostgreSQL reference in `pgs`, printed as its row (`pg`, `pg-sb`) and kept in its list.
 fn table(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
@@ -109,7 +117,7 @@ fn table(
     secs: u64,
     op: Op,
     claimed: &mut Vec<String>,
-    mut pg: Option<(&Postgres, &mut Vec<postgres::PgRun>)>,
+    pgs: &mut [(&Postgres, Vec<postgres::PgRun>)],
 ) -> Vec<Value> {
     let (title, unit, per_fsync) = match &op {
         Op::Claim => ("claim", "claims/s", "claims/fsync"),
@@ -207,7 +215,7 @@ fn table(
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));
         }
-        if let Some((pg, runs)) = pg.as_mut() {
+        for (pg, runs) in pgs.iter_mut() {
             let r = pg.run(c, secs);
             println!("{}", r.line);
             runs.push(r);

@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each bench uses its own subset
 
 pub mod postgres;
+mod procfs;
 
 use std::collections::HashMap;
 use std::fs::{self, File};

@@ -1,7 +1,8 @@
-//! The PostgreSQL reference of the claims bench: a throwaway PostgreSQL server in the bench's temp
+//! The PostgreSQL references of the claims bench: a throwaway PostgreSQL server in the bench's temp
 //! dir (so on the disk the gateway nodes write to), listening on 127.0.0.1 only, driven by
-//! `pgbench` with a claim transaction that mirrors the gateway's claim rule. Stopped and removed on
-//! drop, also on panic. Absent binaries are a skip, not a failure.
+//! `pgbench` with a claim transaction that mirrors the gateway's claim rule; alone ([`Setup::Single`],
+//! issue 11's reference) or with a synchronous standby ([`Setup::SyncStandby`]). Stopped and removed
+//! on drop, also on panic. Absent binaries are a skip, not a failure.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::procfs::{child_cpu_us, children, stat};
 use super::{free_port, loadavg};
 
 /// The seed design's claim as one pgbench transaction on a fresh device (random over 10^15, so
@@ -47,9 +49,46 @@ CREATE INDEX routes_node ON routes (node);
 /// Durability as shipped (both are PostgreSQL's defaults, given explicitly so the log shows them).
 pub const DURABILITY: [(&str, &str); 2] = [("fsync", "on"), ("synchronous_commit", "on")];
 
+/// Which PostgreSQL a reference runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Setup {
+    /// One server: the seed design's database, and issue 11's reference.
+    Single,
+    /// The same server with a synchronous standby: a second server on this machine, cloned by
+    /// `pg_basebackup` and streaming from it, named in `synchronous_standby_names = '*'`. With
+    /// `synchronous_commit = on` a commit returns once the standby has flushed it as well: a claim
+    /// that survives the loss of either machine, as a gateway claim returns once a second node
+    /// has flushed it. What a "gateways + PostgreSQL" tier runs when it must not lose a claim.
+    SyncStandby,
+}
+
+impl Setup {
+    /// The label of its rows (`via` in the claim table).
+    pub fn label(self) -> &'static str {
+        match self {
+            Setup::Single => "pg",
+            Setup::SyncStandby => "pg-sb",
+        }
+    }
+
+    fn json_via(self) -> &'static str {
+        match self {
+            Setup::Single => "postgres",
+            Setup::SyncStandby => "postgres_sync_standby",
+        }
+    }
+}
+
+/// The standby of a [`Setup::SyncStandby`] reference.
+struct Standby {
+    data: PathBuf,
+    child: Child,
+}
+
 /// A running throwaway server. Dropping it stops the server (`pg_ctl stop -m fast`, then SIGKILL)
 /// and removes its directory.
 pub struct Postgres {
+    pub setup: Setup,
     dir: PathBuf,
     data: PathBuf,
     bin: PathBuf,
@@ -61,6 +100,7 @@ pub struct Postgres {
     pub version: String,
     /// The postmaster's auxiliary processes (see [`Postgres::settle`]).
     auxiliary: Vec<u32>,
+    standby: Option<Standby>,
 }
 
 /// One pgbench run.
@@ -72,8 +112,9 @@ pub struct PgRun {
 }
 
 impl Postgres {
-    /// Starts a server in a new directory under the temp dir, or prints why not and returns `None`.
-    pub fn start(tag: &str) -> Option<Postgres> {
+    /// Starts a server (and for [`Setup::SyncStandby`] its standby) in a new directory under the
+    /// temp dir, or prints why not and returns `None`.
+    pub fn start(tag: &str, setup: Setup) -> Option<Postgres> {
         let Some(bin) = find_bin() else {
             println!("postgres reference: skipped (apt-get install postgresql)");
             return None;
@@ -89,6 +130,7 @@ impl Postgres {
         let dir = std::env::temp_dir().join(format!("gateway-bench-{tag}-pg-{}-{nanos}", std::process::id()));
         fs::create_dir_all(&dir).expect("create postgres temp dir");
         let mut pg = Postgres {
+            setup,
             data: dir.join("data"),
             dir,
             bin,
@@ -97,6 +139,7 @@ impl Postgres {
             child: None,
             version: String::new(),
             auxiliary: Vec::new(),
+            standby: None,
         };
         if !pg.as_owner.is_empty() {
             let out = Command::new("chown").arg("postgres:").arg(&pg.dir).output().expect("run chown");
@@ -112,21 +155,7 @@ impl Postgres {
             .output()
             .expect("run initdb");
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
-        let log = File::create(pg.dir.join("postgres.log")).expect("create postgres log");
-        let mut cmd = pg.owner_cmd("postgres");
-        cmd.arg("-D").arg(&pg.data);
-        let settings = [
-            ("listen_addresses", "127.0.0.1".to_string()),
-            ("port", pg.port.to_string()),
-            ("unix_socket_directories", pg.dir.display().to_string()),
-            ("max_connections", "300".to_string()),
-        ];
-        let durability = DURABILITY.iter().map(|(k, v)| (*k, v.to_string()));
-        for (k, v) in settings.into_iter().chain(durability) {
-            cmd.arg("-c").arg(format!("{k}={v}"));
-        }
-        cmd.stdout(Stdio::from(log.try_clone().expect("dup log"))).stderr(Stdio::from(log));
-        pg.child = Some(cmd.spawn().expect("spawn postgres"));
+        pg.child = Some(pg.spawn_server(&pg.data, pg.port, "postgres.log"));
         let start = Instant::now();
         while pg.psql("SELECT 1").is_err() {
             if let Some(st) = pg.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
@@ -145,10 +174,21 @@ impl Postgres {
             std::thread::sleep(Duration::from_millis(20));
             pg.auxiliary = pg.postmaster().map(auxiliary).unwrap_or_default();
         }
+        let mut standby = String::new();
+        if setup == Setup::SyncStandby {
+            match pg.add_standby() {
+                Ok(port) => standby = format!(", synchronous standby on 127.0.0.1:{port} (same disk)"),
+                Err(why) => {
+                    println!("postgres reference with a synchronous standby: skipped ({why})");
+                    return None;
+                }
+            }
+        }
         pg.settle();
         println!(
-            "postgres reference: PostgreSQL {} ({}), 127.0.0.1:{}, data in {}, fsync=on synchronous_commit=on \
-             wal_sync_method={sync}, pgbench -M prepared, one fresh device per transaction",
+            "postgres reference ({}): PostgreSQL {} ({}), 127.0.0.1:{}{standby}, data in {}, fsync=on \
+             synchronous_commit=on wal_sync_method={sync}, pgbench -M prepared, one fresh device per transaction",
+            setup.label(),
             pg.version,
             pg.bin.display(),
             pg.port,
@@ -202,7 +242,7 @@ impl Postgres {
         }
         let line = format!(
             "{c:>3} | {:<6} | {tps:>9.0} | {:>7.2} | {:>7.2} | {:>12} | {:>13} | {per_sync:>15.2} | {:>4.0} {:>4} {:>4.0} | {:>9} | {}",
-            "pg",
+            self.setup.label(),
             pct(0.5),
             pct(0.99),
             "-",
@@ -214,7 +254,7 @@ impl Postgres {
             if errors.is_empty() { "0" } else { &errors },
         );
         let json = json!({
-            "c": c, "via": "postgres", "threads": threads, "secs": secs, "claims": xacts, "claims_per_s": tps,
+            "c": c, "via": self.setup.json_via(), "threads": threads, "secs": secs, "claims": xacts, "claims_per_s": tps,
             "latency_avg_ms": latency_avg_ms, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
             "failed": failed, "wal_syncs": wal_syncs, "claims_per_wal_sync": per_sync,
             "cpu_us_per_op": {"server": cpu.0, "loader": cpu.1}, "errors": errors,
@@ -224,12 +264,73 @@ impl Postgres {
     }
 
     /// Prints the gateway/PostgreSQL summary and returns the reference's figures as JSON:
-    /// version, durability, the runs and the ratios.
+    /// version, setup, durability, the runs and the ratios.
     pub fn report(&self, runs: &[PgRun], gateway: &[Value]) -> Value {
         let durability: serde_json::Map<String, Value> =
             DURABILITY.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-        json!({"version": self.version, "durability": durability,
-               "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>(), "vs_gateway": summary(gateway, runs)})
+        json!({"version": self.version, "setup": self.setup.json_via(), "durability": durability,
+               "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
+               "vs_gateway": summary(self.setup, gateway, runs)})
+    }
+
+    /// Starts a server on `data` listening on 127.0.0.1:`port`, logging to `log` in our directory.
+    fn spawn_server(&self, data: &Path, port: u16, log: &str) -> Child {
+        let log = File::create(self.dir.join(log)).expect("create postgres log");
+        let mut cmd = self.owner_cmd("postgres");
+        cmd.arg("-D").arg(data);
+        let settings = [
+            ("listen_addresses", "127.0.0.1".to_string()),
+            ("port", port.to_string()),
+            ("unix_socket_directories", self.dir.display().to_string()),
+            // A standby needs at least its primary's.
+            ("max_connections", "300".to_string()),
+        ];
+        let durability = DURABILITY.iter().map(|(k, v)| (*k, v.to_string()));
+        for (k, v) in settings.into_iter().chain(durability) {
+            cmd.arg("-c").arg(format!("{k}={v}"));
+        }
+        cmd.stdout(Stdio::from(log.try_clone().expect("dup log"))).stderr(Stdio::from(log));
+        cmd.spawn().expect("spawn postgres")
+    }
+
+    /// Clones the running server into a standby (`pg_basebackup -R`: streaming from it), starts
+    /// it, names it synchronous and waits until the server reports it `sync`; its port.
+    fn add_standby(&mut self) -> Result<u16, String> {
+        if !self.bin.join("pg_basebackup").is_file() {
+            return Err(format!("no pg_basebackup in {}", self.bin.display()));
+        }
+        let data = self.dir.join("standby");
+        let out = self
+            .owner_cmd("pg_basebackup")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+            .args(["-R", "-X", "stream", "-c", "fast", "--no-sync", "-D"])
+            .arg(&data)
+            .output()
+            .map_err(|e| format!("run pg_basebackup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("pg_basebackup: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let port = free_port();
+        let child = self.spawn_server(&data, port, "standby.log");
+        let standby = self.standby.insert(Standby { data, child });
+        if let Some(st) = standby.child.try_wait().ok().flatten() {
+            return Err(format!("the standby exited at once: {st}"));
+        }
+        self.psql("ALTER SYSTEM SET synchronous_standby_names = '*'")?;
+        self.psql("SELECT pg_reload_conf()")?;
+        let start = Instant::now();
+        while self.psql("SELECT sync_state FROM pg_stat_replication").as_deref() != Ok("sync") {
+            if let Some(st) = self.standby.as_mut().and_then(|s| s.child.try_wait().ok().flatten()) {
+                return Err(format!("the standby exited: {st} (see standby.log)"));
+            }
+            if start.elapsed() > super::SETTLE_BOUND {
+                return Err("the standby was not in sync within the settle bound".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The walsender that serves the standby lives as long as it does.
+        self.auxiliary = self.postmaster().map(auxiliary).unwrap_or_default();
+        Ok(port)
     }
 
     /// A server binary, as the `postgres` user when we are root, working in our directory.
@@ -279,13 +380,16 @@ impl Postgres {
     }
 
     /// CPU time of the whole server so far (µs): the postmaster, its live children (auxiliary
-    /// processes, backends) and the exited backends it has reaped (`cutime`/`cstime`).
-    /// `cpu_seconds_of` counts a process alone, so this reads `/proc/<pid>/stat` itself.
+    /// processes, backends) and the exited backends it has reaped (`cutime`/`cstime`); and the
+    /// standby's, if any. `cpu_seconds_of` counts a process alone, so this reads
+    /// `/proc/<pid>/stat` itself.
     fn server_cpu_us(&self) -> u64 {
-        let Some(pm) = self.postmaster() else { return 0 };
-        let mut total = stat(pm).map_or(0, |s| s.cpu_ticks);
-        total += children(pm).iter().filter_map(|&p| stat(p)).map(|s| s.cpu_ticks).sum::<u64>();
-        total * 10_000
+        let standby = self.standby.as_ref().map(|s| s.child.id());
+        let tree = |pm: u32| {
+            stat(pm).map_or(0, |s| s.cpu_ticks)
+                + children(pm).iter().filter_map(|&p| stat(p)).map(|s| s.cpu_ticks).sum::<u64>()
+        };
+        self.postmaster().into_iter().chain(standby).map(tree).sum::<u64>() * 10_000
     }
 
     /// Waits (up to [`BACKEND_EXIT_BOUND`]) until the postmaster's only children are its auxiliary
@@ -315,14 +419,15 @@ const BACKEND_EXIT_BOUND: Duration = Duration::from_secs(10);
 const AUXILIARY: [&str; 5] =
     ["checkpointer", "background writer", "walwriter", "autovacuum launcher", "logical replication launcher"];
 
-/// The postmaster's children whose title names an auxiliary process.
+/// The postmaster's children whose title names an auxiliary process, or the walsender serving a
+/// standby.
 fn auxiliary(pm: u32) -> Vec<u32> {
     children(pm)
         .into_iter()
         .filter(|p| {
             let title = fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
             let title = String::from_utf8_lossy(&title);
-            AUXILIARY.iter().any(|a| title.starts_with(&format!("postgres: {a}")))
+            AUXILIARY.iter().chain(&["walsender"]).any(|a| title.starts_with(&format!("postgres: {a}")))
         })
         .collect()
 }
@@ -338,44 +443,65 @@ impl Drop for Postgres {
                 eprintln!("{l}");
             }
         }
-        if let Some(mut child) = self.child.take() {
-            let _ = self
-                .owner_cmd("pg_ctl")
-                .arg("stop")
-                .arg("-D")
-                .arg(&self.data)
-                .args(["-m", "fast", "-w", "-t", "30"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            let start = Instant::now();
-            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        // The server first: it waits for nothing from its standby to stop.
+        if let Some(child) = self.child.take() {
+            self.stop(&self.data, child);
+        }
+        if let Some(Standby { data, child }) = self.standby.take() {
+            self.stop(&data, child);
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
-/// Gateway claims/s over PostgreSQL's per C, printed and returned as JSON. Issue 11's goal:
-/// ≥ 1× at 1 and 8 clients, ≥ 10× at 256.
-fn summary(gateway: &[Value], pg: &[PgRun]) -> Vec<Value> {
+impl Postgres {
+    /// `pg_ctl stop -m fast` on `data`, then SIGKILL if its postmaster is still there after 5 s.
+    fn stop(&self, data: &Path, mut child: Child) {
+        let _ = self
+            .owner_cmd("pg_ctl")
+            .arg("stop")
+            .arg("-D")
+            .arg(data)
+            .args(["-m", "fast", "-w", "-t", "30"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let start = Instant::now();
+        while matches!(child.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Gateway claims/s over PostgreSQL's per C, printed and returned as JSON. Issue 11's goal
+/// (against [`Setup::Single`]): ≥ 1× at 1 and 8 clients, ≥ 10× at 256.
+fn summary(setup: Setup, gateway: &[Value], pg: &[PgRun]) -> Vec<Value> {
     let rate = |c: usize, via: &str| {
         gateway.iter().find(|r| r["c"] == c && r["via"] == via).and_then(|r| r["claims_per_s"].as_f64())
     };
+    let (title, pg_name) = match setup {
+        Setup::Single => ("PostgreSQL", "postgres"),
+        Setup::SyncStandby => ("PostgreSQL with a synchronous standby", "pg-sb"),
+    };
     let header = format!(
         "{:>3} | {:>14} | {:>11} | {:>10} | {:>14} | {:>11} | {}",
-        "C", "gateway leader", "gateway all", "postgres", "leader / pg", "all / pg", "goal"
+        "C",
+        "gateway leader",
+        "gateway all",
+        pg_name,
+        format!("leader / {}", setup.label()),
+        format!("all / {}", setup.label()),
+        "goal"
     );
-    println!("\nclaims/s against PostgreSQL, side by side\n{header}\n{}", "-".repeat(header.len() + 4));
+    println!("\nclaims/s against {title}, side by side\n{header}\n{}", "-".repeat(header.len() + 4));
     let mut out = Vec::new();
     for p in pg {
         let (l, a) = (rate(p.c, "leader").unwrap_or(f64::NAN), rate(p.c, "all").unwrap_or(f64::NAN));
-        let goal = match p.c {
-            1 | 8 => Some(1.0),
-            256 => Some(10.0),
+        let goal = match (setup, p.c) {
+            (Setup::Single, 1 | 8) => Some(1.0),
+            (Setup::Single, 256) => Some(10.0),
             _ => None,
         };
         println!(
@@ -443,36 +569,6 @@ fn scrub_pg_env(cmd: &mut Command) {
             cmd.env_remove(k);
         }
     }
-}
-
-struct Stat {
-    ppid: u32,
-    /// utime + stime + cutime + cstime, in USER_HZ (100 Hz) ticks.
-    cpu_ticks: u64,
-}
-
-/// Fields 4 and 14–17 of `/proc/<pid>/stat` (counted after the last `)`, as the name may hold one).
-fn stat(pid: u32) -> Option<Stat> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s[s.rfind(')')? + 1..].split_whitespace().collect();
-    let n = |i: usize| f.get(i - 3)?.parse::<u64>().ok();
-    Some(Stat { ppid: n(4)? as u32, cpu_ticks: n(14)? + n(15)? + n(16)? + n(17)? })
-}
-
-fn children(parent: u32) -> Vec<u32> {
-    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| stat(p).is_some_and(|s| s.ppid == parent))
-        .collect()
-}
-
-/// CPU time (µs) of this process's exited and reaped children so far (pgbench, psql).
-fn child_cpu_us() -> u64 {
-    let Some(s) = fs::read_to_string("/proc/self/stat").ok() else { return 0 };
-    let Some(end) = s.rfind(')') else { return 0 };
-    let f: Vec<&str> = s[end + 1..].split_whitespace().collect();
-    let n = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    (n(16) + n(17)) * 10_000
 }
 
 /// Per-transaction latencies (µs, third field) from pgbench's `-l` logs `<prefix><pid>[.<thread>]`,
