@@ -1,5 +1,6 @@
 //! Claim throughput of a real three-process cluster: `cargo bench --bench claims`
-//! (`CLAIMS_BENCH_C=1,256` runs only those concurrencies).
+//! (`CLAIMS_BENCH_C=1,256` runs only those concurrencies; `CLAIMS_BENCH_ROUNDS=3` runs each
+//! concurrency's claim rows and references three times in turn, and the summaries give medians).
 //!
 //! Starts three `gateway` processes on loopback ephemeral ports with production timing (n1
 //! bootstraps, n2/n3 start `--standby` and are joined with the CLI; `GATEWAY_BENCH_BIN` runs
@@ -66,22 +67,28 @@ fn main() {
     // A short warm-up so the first measured run does not pay for connection setup and page faults.
     rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
     for pg in &pgs {
-        pg.run(8, 1);
+        pg.run(8, 0, 1);
     }
 
     // Devices claimed at least once (one per claiming task), reused as publish targets.
     let mut claimed: Vec<String> = Vec::new();
     let mut refs: Vec<(&Postgres, Vec<postgres::PgRun>)> = pgs.iter().map(|p| (p, Vec::new())).collect();
-    let rows = table(&rt, &cluster, &all, secs, Op::Claim, &mut claimed, &mut refs);
+    let rounds = std::env::var("CLAIMS_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1usize).max(1);
+    let rows = table(&rt, &cluster, &all, (secs, rounds), Op::Claim, &mut claimed, &mut refs);
     // Prints the gateway/PostgreSQL summaries; the servers are stopped before the publish phase.
-    let report = |setup: Setup| refs.iter().find(|(p, _)| p.setup == setup).map(|(p, runs)| p.report(runs, &rows));
+    let report = |setup: Setup| {
+        let (pg, runs) = refs.iter().find(|(p, _)| p.setup == setup)?;
+        let mut json = pg.report(runs);
+        json["vs_gateway"] = json!(summary(setup, &rows, runs));
+        Some(json)
+    };
     let (postgres, postgres_sync_standby) = (report(Setup::Single), report(Setup::SyncStandby));
     drop(refs);
     drop(pgs);
     claimed.sort();
     claimed.dedup();
     let mut none = Vec::new();
-    let publish = table(&rt, &cluster, &all, secs, Op::Publish(Arc::new(claimed)), &mut none, &mut []);
+    let publish = table(&rt, &cluster, &all, (secs, 1), Op::Publish(Arc::new(claimed)), &mut none, &mut []);
     println!(
         "{}",
         json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
@@ -107,14 +114,15 @@ enum Op {
     Publish(Arc<Vec<String>>),
 }
 
-/// Prints a titled table, one row per (C, via), and returns the rows as JSON. Claim runs add the
-/// devices they claimed to `claimed`; each C's gateway rows are followed by a run of each
-/// PostgreSQL reference in `pgs`, printed as its row (`pg`, `pg-sb`) and kept in its list.
+/// Prints a titled table, one row per (C, round, via), and returns the rows as JSON. Claim runs
+/// add the devices they claimed to `claimed`; in each round, a C's gateway rows are followed by a
+/// run of each PostgreSQL reference in `pgs`, printed as its row (`pg`, `pg-sb`) and kept in its
+/// list. Each run lasts `secs`; `rounds` rounds per C, one after the other.
 fn table(
     rt: &tokio::runtime::Runtime,
     cluster: &Cluster,
     all: &[String],
-    secs: u64,
+    (secs, rounds): (u64, usize),
     op: Op,
     claimed: &mut Vec<String>,
     pgs: &mut [(&Postgres, Vec<postgres::PgRun>)],
@@ -142,14 +150,15 @@ fn table(
     );
     println!("\n{title}\n{header}\n{}", "-".repeat(header.len() + 8));
     let mut rows = Vec::new();
-    for c in concurrency() {
+    for (c, round) in concurrency().into_iter().flat_map(|c| (1..=rounds).map(move |r| (c, r))) {
         for via in ["leader", "all"] {
             let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader before run: {e}"));
             let targets = if via == "leader" { vec![leader.clone()] } else { all.to_vec() };
             let before_all = scrape_nodes(rt, cluster);
             let load_before = loadavg();
             let cpu_before = cpu(cluster, &leader);
-            let tag = format!("{c}{via}");
+            // Fresh devices in every round: a device id from an earlier round has a floor.
+            let tag = if round == 1 { format!("{c}{via}") } else { format!("{c}{via}r{round}") };
             let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
             claimed.extend(r.claimed.iter().cloned());
             let cpu_after = cpu(cluster, &leader);
@@ -170,6 +179,9 @@ fn table(
                 r.errors.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ")
             };
             let mut note = String::new();
+            if rounds > 1 {
+                note += &format!(" (round {round})");
+            }
             if leader_after != leader {
                 note = format!(" (leader changed {leader} -> {leader_after})");
             }
@@ -200,7 +212,7 @@ fn table(
                 Op::Publish(_) => ("publishes", "publishes_per_s", "writes_per_fsync"),
             };
             rows.push(json!({
-                "c": c, "via": via, "secs": r.elapsed.as_secs_f64(), count_key: r.ok, rate_key: rate,
+                "c": c, "round": round, "via": via, "secs": r.elapsed.as_secs_f64(), count_key: r.ok, rate_key: rate,
                 "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "max_ms": r.max_ms,
                 "leader_delta": {
                     "log_fsyncs": fsyncs, "log_entries": entries,
@@ -216,12 +228,77 @@ fn table(
             }));
         }
         for (pg, runs) in pgs.iter_mut() {
-            let r = pg.run(c, secs);
+            let r = pg.run(c, round, secs);
             println!("{}", r.line);
             runs.push(r);
         }
     }
     rows
+}
+
+/// Gateway claims/s over PostgreSQL's per C, printed and returned as JSON: each round's gateway
+/// rows over that round's PostgreSQL run, and with several rounds the medians (each ratio's median
+/// over the rounds, not a ratio of medians) and every round's leader ratio. Issue 11's goal
+/// (against [`Setup::Single`]): ≥ 1× at 1 and 8 clients, ≥ 10× at 256.
+fn summary(setup: Setup, gateway: &[Value], pg: &[postgres::PgRun]) -> Vec<Value> {
+    let rate = |c: usize, round: usize, via: &str| {
+        let row = gateway.iter().find(|r| r["c"] == c && r["round"] == round && r["via"] == via);
+        row.and_then(|r| r["claims_per_s"].as_f64()).unwrap_or(f64::NAN)
+    };
+    let (title, pg_name) = match setup {
+        Setup::Single => ("PostgreSQL", "postgres"),
+        Setup::SyncStandby => ("PostgreSQL with a synchronous standby", "pg-sb"),
+    };
+    let header = format!(
+        "{:>3} | {:>14} | {:>11} | {:>10} | {:>14} | {:>11} | {:>7} | rounds, leader / {}",
+        "C",
+        "gateway leader",
+        "gateway all",
+        pg_name,
+        format!("leader / {}", setup.label()),
+        format!("all / {}", setup.label()),
+        "goal",
+        setup.label()
+    );
+    let rounds = pg.iter().map(|p| p.round).max().unwrap_or(1);
+    let what = if rounds > 1 { format!(", medians of {rounds} rounds") } else { String::new() };
+    println!("\nclaims/s against {title}, side by side{what}\n{header}\n{}", "-".repeat(header.len() + 4));
+    let mut cs: Vec<usize> = pg.iter().map(|p| p.c).collect();
+    cs.dedup();
+    let mut out = Vec::new();
+    for c in cs {
+        let runs: Vec<&postgres::PgRun> = pg.iter().filter(|p| p.c == c).collect();
+        let column = |f: &dyn Fn(&postgres::PgRun) -> f64| median(runs.iter().map(|p| f(p)).collect());
+        let by_leader: Vec<f64> = runs.iter().map(|p| rate(c, p.round, "leader") / p.claims_per_s).collect();
+        let (l, a) = (column(&|p| rate(c, p.round, "leader")), column(&|p| rate(c, p.round, "all")));
+        let (ratio_l, ratio_a) = (median(by_leader.clone()), column(&|p| rate(c, p.round, "all") / p.claims_per_s));
+        let pg_rate = column(&|p| p.claims_per_s);
+        let goal = match (setup, c) {
+            (Setup::Single, 1 | 8) => Some(1.0),
+            (Setup::Single, 256) => Some(10.0),
+            _ => None,
+        };
+        let each: Vec<String> = by_leader.iter().map(|r| format!("{r:.2}x")).collect();
+        println!(
+            "{c:>3} | {l:>14.0} | {a:>11.0} | {pg_rate:>10.0} | {ratio_l:>13.2}x | {ratio_a:>10.2}x | {:>7} | {}",
+            goal.map_or("-".to_string(), |g| format!(">= {g}x")),
+            each.join(" ")
+        );
+        out.push(json!({"c": c, "gateway_leader": l, "gateway_all": a, "postgres": pg_rate,
+                        "ratio_leader": ratio_l, "ratio_all": ratio_a, "goal": goal,
+                        "rounds": runs.len(), "ratio_leader_rounds": by_leader}));
+    }
+    out
+}
+
+/// The median (the mean of the middle two of an even count); NaN for none.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Every node's `/metrics`, by cluster address.

@@ -106,6 +106,7 @@ pub struct Postgres {
 /// One pgbench run.
 pub struct PgRun {
     pub c: usize,
+    pub round: usize,
     pub claims_per_s: f64,
     pub line: String,
     pub json: Value,
@@ -198,7 +199,7 @@ impl Postgres {
     }
 
     /// `pgbench -c c -T secs` of [`CLAIM_SQL`]; the row is printed by the caller in the claim table.
-    pub fn run(&self, c: usize, secs: u64) -> PgRun {
+    pub fn run(&self, c: usize, round: usize, secs: u64) -> PgRun {
         let load_before = loadavg();
         let wal_before = self.wal_syncs();
         let cpu_before = (self.server_cpu_us(), child_cpu_us());
@@ -254,23 +255,21 @@ impl Postgres {
             if errors.is_empty() { "0" } else { &errors },
         );
         let json = json!({
-            "c": c, "via": self.setup.json_via(), "threads": threads, "secs": secs, "claims": xacts, "claims_per_s": tps,
+            "c": c, "round": round, "via": self.setup.json_via(), "threads": threads, "secs": secs, "claims": xacts, "claims_per_s": tps,
             "latency_avg_ms": latency_avg_ms, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": pct(1.0),
             "failed": failed, "wal_syncs": wal_syncs, "claims_per_wal_sync": per_sync,
             "cpu_us_per_op": {"server": cpu.0, "loader": cpu.1}, "errors": errors,
             "loadavg_before": load_before, "loadavg_after": loadavg(),
         });
-        PgRun { c, claims_per_s: tps, line, json }
+        PgRun { c, round, claims_per_s: tps, line, json }
     }
 
-    /// Prints the gateway/PostgreSQL summary and returns the reference's figures as JSON:
-    /// version, setup, durability, the runs and the ratios.
-    pub fn report(&self, runs: &[PgRun], gateway: &[Value]) -> Value {
+    /// The reference's figures as JSON: version, setup, durability and the runs.
+    pub fn report(&self, runs: &[PgRun]) -> Value {
         let durability: serde_json::Map<String, Value> =
             DURABILITY.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
         json!({"version": self.version, "setup": self.setup.json_via(), "durability": durability,
-               "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
-               "vs_gateway": summary(self.setup, gateway, runs)})
+               "runs": runs.iter().map(|r| r.json.clone()).collect::<Vec<_>>()})
     }
 
     /// Starts a server on `data` listening on 127.0.0.1:`port`, logging to `log` in our directory.
@@ -473,49 +472,6 @@ impl Postgres {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
-
-/// Gateway claims/s over PostgreSQL's per C, printed and returned as JSON. Issue 11's goal
-/// (against [`Setup::Single`]): ≥ 1× at 1 and 8 clients, ≥ 10× at 256.
-fn summary(setup: Setup, gateway: &[Value], pg: &[PgRun]) -> Vec<Value> {
-    let rate = |c: usize, via: &str| {
-        gateway.iter().find(|r| r["c"] == c && r["via"] == via).and_then(|r| r["claims_per_s"].as_f64())
-    };
-    let (title, pg_name) = match setup {
-        Setup::Single => ("PostgreSQL", "postgres"),
-        Setup::SyncStandby => ("PostgreSQL with a synchronous standby", "pg-sb"),
-    };
-    let header = format!(
-        "{:>3} | {:>14} | {:>11} | {:>10} | {:>14} | {:>11} | {}",
-        "C",
-        "gateway leader",
-        "gateway all",
-        pg_name,
-        format!("leader / {}", setup.label()),
-        format!("all / {}", setup.label()),
-        "goal"
-    );
-    println!("\nclaims/s against {title}, side by side\n{header}\n{}", "-".repeat(header.len() + 4));
-    let mut out = Vec::new();
-    for p in pg {
-        let (l, a) = (rate(p.c, "leader").unwrap_or(f64::NAN), rate(p.c, "all").unwrap_or(f64::NAN));
-        let goal = match (setup, p.c) {
-            (Setup::Single, 1 | 8) => Some(1.0),
-            (Setup::Single, 256) => Some(10.0),
-            _ => None,
-        };
-        println!(
-            "{:>3} | {l:>14.0} | {a:>11.0} | {:>10.0} | {:>13.2}x | {:>10.2}x | {}",
-            p.c,
-            p.claims_per_s,
-            l / p.claims_per_s,
-            a / p.claims_per_s,
-            goal.map_or("-".to_string(), |g| format!(">= {g}x"))
-        );
-        out.push(json!({"c": p.c, "gateway_leader": l, "gateway_all": a, "postgres": p.claims_per_s,
-                        "ratio_leader": l / p.claims_per_s, "ratio_all": a / p.claims_per_s, "goal": goal}));
-    }
-    out
 }
 
 /// `CLAIMS_BENCH_PG_BIN` (a directory), else the newest `/usr/lib/postgresql/<ver>/bin` (Debian's
