@@ -18,6 +18,9 @@
 //!    answers pings) arriving [`IDLE_IN_FLIGHT`] handshakes at a time, as a fleet arrives through
 //!    admission; and with the project's client all at once (admission opened wide), where the
 //!    allocator keeps part of the storm's peak (handshakes waiting on their claims) resident.
+//!    The node's allocator duty may hand that back (`malloc_trim`, checked every 10 s) before or
+//!    after the reading, so each project's-client row waits up to [`TRIM_WAIT`] for the node's
+//!    next trim and, if one comes, adds a row read after it (`after the next trim`).
 //! 3. **Lease renewals under the flood**: the three nodes' `gateway_lease_renewal_seconds` and
 //!    fence counters across their handshake run, i.e. how long the cluster side (Raft, renewals)
 //!    took to commit a renewal while the handshakes kept every core busy (a renewal every
@@ -38,6 +41,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const BARE_ROLE: &str = "HANDSHAKES_BENCH_BARE";
+/// How long a project's-client idle row waits for the node's next allocator trim: the duty's
+/// check period (10 s, `node::allocator`) and some slack.
+const TRIM_WAIT: Duration = Duration::from_secs(12);
+
 /// Handshakes in flight at once while the project's client fills a node with idle devices.
 const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,14 +110,17 @@ fn main() {
     let hs = rt.block_on(handshakes(&steered, &[c.nodes[0].pid], conc, secs, "c1s"));
     rows.push(row("gateway 1 node, steer on", &hs, None, bare_rate, bare_bytes));
     drop(c);
-    let (c, t) = one(&rt);
-    let client = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "client", IDLE_IN_FLIGHT));
-    rows.push(row("gateway 1 node, client idle", &Run::default(), Some(client), bare_rate, bare_bytes));
-    drop(c);
-    let (c, t) = one(&rt);
-    let burst = rt.block_on(idle_client(&t, c.nodes[0].pid, idle, "burst", idle));
-    rows.push(row("  same, all at once", &Run::default(), Some(burst), bare_rate, bare_bytes));
-    drop(c);
+    for (name, tag, in_flight) in
+        [("gateway 1 node, client idle", "client", IDLE_IN_FLIGHT), ("  same, all at once", "burst", idle)]
+    {
+        let (c, t) = one(&rt);
+        let (held, trimmed) = rt.block_on(idle_client(&t, &c.nodes[0], idle, tag, in_flight));
+        rows.push(row(name, &Run::default(), Some(held), bare_rate, bare_bytes));
+        if let Some(after) = trimmed {
+            rows.push(row("    after the next trim", &Run::default(), Some(after), bare_rate, bare_bytes));
+        }
+        drop(c);
+    }
 
     // Handshakes on a three-node cluster, every node taking its share.
     let c = Cluster::form(&rt, "handshakes", 3, &NODE_ARGS);
@@ -429,11 +439,20 @@ async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
 }
 
 /// Holds `n` devices on the project's client, started so that at most `in_flight` are still
-/// connecting at any time; bytes of `pid`'s RSS per connection.
-async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str, in_flight: usize) -> u64 {
+/// connecting at any time; bytes of the node's RSS per connection once settled, and again after
+/// the node's next allocator trim if one comes within [`TRIM_WAIT`].
+async fn idle_client(
+    targets: &[Target],
+    node: &support::NodeProc,
+    n: usize,
+    tag: &str,
+    in_flight: usize,
+) -> (u64, Option<u64>) {
     use gateway::client::device::{Device, DeviceConfig, Event, MemoryStore};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    let pid = node.pid;
+    let trims = || async { support::scrape(&node.cluster_addr).await.get("gateway_allocator_trims_total").copied() };
     let before = settled_rss(pid).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let up = Arc::new(AtomicUsize::new(0));
@@ -464,8 +483,17 @@ async fn idle_client(targets: &[Target], pid: u32, n: usize, tag: &str, in_fligh
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let after = settled_rss(pid).await;
+    let trims_then = trims().await;
+    let until = Instant::now() + TRIM_WAIT;
+    let mut trimmed = None;
+    while trimmed.is_none() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if trims().await > trims_then {
+            trimmed = Some(settled_rss(pid).await.saturating_sub(before) / n as u64);
+        }
+    }
     stop.cancel();
-    after.saturating_sub(before) / n as u64
+    (after.saturating_sub(before) / n as u64, trimmed)
 }
 
 /// The reference server.
