@@ -61,8 +61,11 @@ fn main() {
     );
 
     let standby = std::env::var("CLAIMS_BENCH_PG_STANDBY").map_or(true, |v| v != "0");
-    let setups = if standby { vec![Setup::Single, Setup::SyncStandby] } else { vec![Setup::Single] };
-    let pgs: Vec<Postgres> = setups.into_iter().filter_map(|s| Postgres::start("claims", s)).collect();
+    // The standby reference only beside the single one (without PostgreSQL, one line says so).
+    let mut pgs: Vec<Postgres> = Postgres::start("claims", Setup::Single).into_iter().collect();
+    if standby && !pgs.is_empty() {
+        pgs.extend(Postgres::start("claims", Setup::SyncStandby));
+    }
 
     // A short warm-up so the first measured run does not pay for connection setup and page faults.
     rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
@@ -183,7 +186,7 @@ fn table(
                 note += &format!(" (round {round})");
             }
             if leader_after != leader {
-                note = format!(" (leader changed {leader} -> {leader_after})");
+                note += &format!(" (leader changed {leader} -> {leader_after})");
             }
             if let Op::Publish(devices) = &op {
                 if devices.len() < c {
@@ -229,7 +232,7 @@ fn table(
         }
         for (pg, runs) in pgs.iter_mut() {
             let r = pg.run(c, round, secs);
-            println!("{}", r.line);
+            println!("{}{}", r.line, if rounds > 1 { format!(" (round {round})") } else { String::new() });
             runs.push(r);
         }
     }
@@ -291,10 +294,12 @@ fn summary(setup: Setup, gateway: &[Value], pg: &[postgres::PgRun]) -> Vec<Value
     out
 }
 
-/// The median (the mean of the middle two of an even count); NaN for none.
+/// The median (the mean of the middle two of an even count); NaN for none, or when any is NaN (a
+/// failed run must not leave the median to the others).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
+        _ if v.iter().any(|x| x.is_nan()) => f64::NAN,
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,

@@ -482,11 +482,13 @@ async fn idle_client(
         assert!(Instant::now() < deadline, "only {} of {n} devices connected", up.load(Ordering::Relaxed));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let after = settled_rss(pid).await;
+    // Read before the memory settles: a trim while it settles is the next trim too.
     let trims_then = trims().await;
+    let after = settled_rss(pid).await;
     let until = Instant::now() + TRIM_WAIT;
     let mut trimmed = None;
-    while trimmed.is_none() && Instant::now() < until {
+    // A build without the metric has nothing to wait for.
+    while trims_then.is_some() && trimmed.is_none() && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(200)).await;
         if trims().await > trims_then {
             trimmed = Some(settled_rss(pid).await.saturating_sub(before) / n as u64);

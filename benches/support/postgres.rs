@@ -85,8 +85,8 @@ struct Standby {
     child: Child,
 }
 
-/// A running throwaway server. Dropping it stops the server (`pg_ctl stop -m fast`, then SIGKILL)
-/// and removes its directory.
+/// A running throwaway server, and its standby if it has one. Dropping it stops both (`pg_ctl
+/// stop -m fast`, then SIGKILL) and removes their directory.
 pub struct Postgres {
     pub setup: Setup,
     dir: PathBuf,
@@ -320,10 +320,11 @@ impl Postgres {
         let start = Instant::now();
         while self.psql("SELECT sync_state FROM pg_stat_replication").as_deref() != Ok("sync") {
             if let Some(st) = self.standby.as_mut().and_then(|s| s.child.try_wait().ok().flatten()) {
-                return Err(format!("the standby exited: {st} (see standby.log)"));
+                return Err(format!("the standby exited: {st}; standby.log ends: {}", self.log_tail("standby.log", 5)));
             }
             if start.elapsed() > super::SETTLE_BOUND {
-                return Err("the standby was not in sync within the settle bound".into());
+                let tail = self.log_tail("standby.log", 5);
+                return Err(format!("the standby was not in sync within the settle bound; standby.log ends: {tail}"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -404,7 +405,9 @@ impl Postgres {
     fn settle(&self) {
         let Some(pm) = self.postmaster() else { return };
         let start = Instant::now();
-        while children(pm).iter().any(|p| !self.auxiliary.contains(p)) && start.elapsed() < BACKEND_EXIT_BOUND {
+        // A walsender started since (the standby reconnected) is one too: it has its title.
+        let waiting = || children(pm).into_iter().any(|p| !self.auxiliary.contains(&p) && !is_walsender(p));
+        while waiting() && start.elapsed() < BACKEND_EXIT_BOUND {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -423,26 +426,30 @@ const AUXILIARY: [&str; 5] =
 fn auxiliary(pm: u32) -> Vec<u32> {
     children(pm)
         .into_iter()
-        .filter(|p| {
-            let title = fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            let title = String::from_utf8_lossy(&title);
-            AUXILIARY.iter().chain(&["walsender"]).any(|a| title.starts_with(&format!("postgres: {a}")))
-        })
+        .filter(|&p| is_walsender(p) || AUXILIARY.iter().any(|a| title(p).starts_with(&format!("postgres: {a}"))))
         .collect()
+}
+
+/// Whether `pid` is a walsender (`postgres: walsender ...`).
+fn is_walsender(pid: u32) -> bool {
+    title(pid).starts_with("postgres: walsender")
+}
+
+/// A process's title (its command line); empty once it is exiting.
+fn title(pid: u32) -> String {
+    String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).into_owned()
 }
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        // The log's tail before our own shutdown adds to it.
+        // The logs' tails before our own shutdown adds to them.
         if std::thread::panicking() {
-            let log = fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            eprintln!("----- postgres log (tail) -----");
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
+            for log in ["postgres.log", "standby.log"].into_iter().filter(|l| self.dir.join(l).is_file()) {
+                eprintln!("----- {log} (tail) -----\n{}", self.log_tail(log, 20));
             }
         }
-        // The server first: it waits for nothing from its standby to stop.
+        // The server first (its walsender waits for the standby to flush the last WAL, then it
+        // exits), then the standby.
         if let Some(child) = self.child.take() {
             self.stop(&self.data, child);
         }
@@ -454,6 +461,13 @@ impl Drop for Postgres {
 }
 
 impl Postgres {
+    /// The last `lines` lines of `log` in our directory, one string.
+    fn log_tail(&self, log: &str, lines: usize) -> String {
+        let text = fs::read_to_string(self.dir.join(log)).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
     /// `pg_ctl stop -m fast` on `data`, then SIGKILL if its postmaster is still there after 5 s.
     fn stop(&self, data: &Path, mut child: Child) {
         let _ = self
