@@ -328,8 +328,6 @@ impl Postgres {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        // The walsender that serves the standby lives as long as it does.
-        self.auxiliary = self.postmaster().map(auxiliary).unwrap_or_default();
         Ok(port)
     }
 
@@ -405,7 +403,7 @@ impl Postgres {
     fn settle(&self) {
         let Some(pm) = self.postmaster() else { return };
         let start = Instant::now();
-        // A walsender started since (the standby reconnected) is one too: it has its title.
+        // The walsender serving a standby lives as long as the standby's connection, whatever its pid.
         let waiting = || children(pm).into_iter().any(|p| !self.auxiliary.contains(&p) && !is_walsender(p));
         while waiting() && start.elapsed() < BACKEND_EXIT_BOUND {
             std::thread::sleep(Duration::from_millis(20));
@@ -421,12 +419,12 @@ const BACKEND_EXIT_BOUND: Duration = Duration::from_secs(10);
 const AUXILIARY: [&str; 5] =
     ["checkpointer", "background writer", "walwriter", "autovacuum launcher", "logical replication launcher"];
 
-/// The postmaster's children whose title names an auxiliary process, or the walsender serving a
-/// standby.
+/// The postmaster's children whose title names an auxiliary process (a walsender, which lives as
+/// long as its standby's connection, is told by its title when [`Postgres::settle`] looks).
 fn auxiliary(pm: u32) -> Vec<u32> {
     children(pm)
         .into_iter()
-        .filter(|&p| is_walsender(p) || AUXILIARY.iter().any(|a| title(p).starts_with(&format!("postgres: {a}"))))
+        .filter(|&p| AUXILIARY.iter().any(|a| title(p).starts_with(&format!("postgres: {a}"))))
         .collect()
 }
 
