@@ -7,7 +7,8 @@
 //! another build), prints the machine's floor (fsync, loopback round trip), then for each
 //! concurrency C (1, 8, 64, 256) runs
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
-//! (default 5), once sending every claim to the leader and once spreading them over all three nodes
+//! (default 5; ids count up per task, or come in random key order with `CLAIMS_BENCH_IDS=random`),
+//! once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). Every node's `/metrics` is scraped before and after each run
 //! to show how claims were folded into log entries and fsyncs (the leader's) and how many context
 //! switches each claim cost, and each process's CPU time is read from `/proc` to print CPU
@@ -51,10 +52,11 @@ fn main() {
     let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
     let all: Vec<String> = cluster.nodes.iter().map(|n| n.cluster_addr.clone()).collect();
     println!(
-        "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, {} cpus, loadavg {}; \
-         floor: {}",
+        "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, device ids {}, {} cpus, \
+         loadavg {}; floor: {}",
         cluster.started.elapsed(),
         secs,
+        if random_ids() { "in random order" } else { "counting up per task" },
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg(),
         floor.describe()
@@ -94,12 +96,40 @@ fn main() {
     let publish = table(&rt, &cluster, &all, (secs, 1), Op::Publish(Arc::new(claimed)), &mut none, &mut []);
     println!(
         "{}",
-        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
+        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "random_ids": random_ids(), "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
                "publish": publish, "publish_idempotency_key": false, "postgres": postgres,
                "postgres_sync_standby": postgres_sync_standby})
     );
     drop(cluster);
+}
+
+/// `CLAIMS_BENCH_IDS=random`: fresh devices in random key order (see [`DeviceIds`]).
+fn random_ids() -> bool {
+    std::env::var("CLAIMS_BENCH_IDS").is_ok_and(|v| v == "random")
+}
+
+/// The fresh device ids of task `t` in the run tagged `tag`: `b{tag}-{t}-{n}` by default, so each
+/// task's claims land next to each other in the state's key order (256 tasks: 256 places); with
+/// `random`, `b{tag}-{hex}` where the hex is a 64-bit mix of `t` and `n` (splitmix64's
+/// finalizer, a bijection, so every id is still fresh), which scatters them over the whole table
+/// as a fleet of unrelated devices would.
+struct DeviceIds {
+    tag: String,
+    t: usize,
+    random: bool,
+}
+
+impl DeviceIds {
+    fn nth(&self, n: u64) -> String {
+        if !self.random {
+            return format!("b{}-{}-{n}", self.tag, self.t);
+        }
+        let mut z = ((self.t as u64) << 40 | n).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        format!("b{}-{:016x}", self.tag, z ^ (z >> 31))
+    }
 }
 
 /// `CLAIMS_BENCH_C` (e.g. `1,256`), or every level of [`CONCURRENCY`].
@@ -358,7 +388,7 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
     for t in 0..c {
         let client = HttpClient::new(secret.as_bytes());
         let targets = targets.to_vec();
-        let prefix = format!("b{tag}-{t}");
+        let ids = DeviceIds { tag: tag.to_string(), t, random: random_ids() };
         let publish_to = match op {
             Op::Claim => None,
             Op::Publish(devices) => Some(devices[t % devices.len()].clone()),
@@ -372,7 +402,7 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
                 let addr = &targets[(t + n as usize) % targets.len()];
                 let (path, body) = match &publish_to {
                     None => (
-                        format!("/v1/devices/{prefix}-{n}/claim"),
+                        format!("/v1/devices/{}/claim", ids.nth(n)),
                         json!({"conn": ((t as u64) << 40) | n, "epoch": 0, "attempt": 1}),
                     ),
                     Some(device) => (format!("/v1/devices/{device}/messages"), json!({"n": n})),
@@ -384,7 +414,7 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
                     Ok((status, _)) if status.as_u16() == 200 => {
                         lat_us.push(took.as_micros().min(u32::MAX as u128) as u32);
                         if publish_to.is_none() && first_claimed.is_none() {
-                            first_claimed = Some(format!("{prefix}-{n}"));
+                            first_claimed = Some(ids.nth(n));
                         }
                     }
                     Ok((status, body)) => {

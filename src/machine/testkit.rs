@@ -105,13 +105,23 @@ pub struct Sm<B> {
 impl<B: Backend> Sm<B> {
     /// An empty state machine (no membership).
     pub fn empty() -> Self {
-        Sm { b: B::fresh(), state: State::default(), index: 0, term: 1, events: Vec::new(), local: None }
+        Self::empty_on(B::fresh())
+    }
+
+    /// [`Sm::empty`] on backend `b`.
+    pub fn empty_on(b: B) -> Self {
+        Sm { b, state: State::default(), index: 0, term: 1, events: Vec::new(), local: None }
     }
 
     /// A state machine whose first entry makes nodes 1, 2, 3 voters, and whose leader (term 1)
     /// extended the leases, as every leader does before it sweeps.
     pub fn new() -> Self {
-        let mut sm = Self::empty();
+        Self::new_on(B::fresh())
+    }
+
+    /// [`Sm::new`] on backend `b`.
+    pub fn new_on(b: B) -> Self {
+        let mut sm = Self::empty_on(b);
         sm.membership(&[1, 2, 3]);
         sm.new_term();
         sm

@@ -1,7 +1,7 @@
 //! The per-node route index, kept in memory ([`RouteIndex`]): which devices hold a route naming
 //! each node, so that a sweep (or a drain's release, or a removal) deletes a node's routes without
 //! scanning every device. It is derived from the `devices` rows: built by one scan when the file
-//! opens or a snapshot installs, then changed by each apply after its commit. Layout 3 kept it as
+//! opens or a snapshot installs, then changed by each apply when it ends. Layout 3 kept it as
 //! a table, which cost every claim and release a second B-tree write and a table root update in
 //! the commit, on every node.
 //!
@@ -21,7 +21,7 @@ use super::StoreError;
 use crate::codec::decode;
 use crate::machine::NodeId;
 
-/// An apply's changes to the index, applied once its transaction commits: (node, device) → whether
+/// An apply's changes to the index, applied once it ends: (node, device) → whether
 /// the route now names the node.
 pub(super) type Moves = BTreeMap<(NodeId, String), bool>;
 

@@ -3,6 +3,7 @@
 //! value types, not openraft; callers run every function here on the blocking pool or the log's
 //! writer thread.
 
+mod held;
 mod index;
 pub mod log;
 mod log_redb;

@@ -1,14 +1,15 @@
-//! The committed device rows kept in memory ([`RowCache`]), bounded in bytes. A handshake that
+//! The applied device rows kept in memory ([`RowCache`]), bounded in bytes. A handshake that
 //! may steer its device reads the device's route and floor before the claim (placement); from
 //! the `devices` table that is a read transaction on the blocking pool, two hand-offs between
 //! threads, and it cost one node about a third more CPU per handshake than the claim alone (README,
 //! Benchmarks). The cache answers it on the worker instead.
 //!
-//! It is written through, never filled by a read: each apply puts the rows it changed after its
-//! commit, under the apply's lock, so entries follow the log in order; an open or an install
-//! clears it and puts every row its scan reads. A row not held (never written since the open, or
-//! evicted) is read from the table as before. A held row is the committed one, as of the last
-//! apply that finished: the same answer a read transaction started at that moment gives. So the
+//! It is written through, never filled by a read: each apply puts the rows it changed when it
+//! ends (committed, or held open for the next apply: `store::held`), under the apply's lock, so
+//! entries follow the log in order; an open or an install clears it and puts every row its scan
+//! reads. A row not held (never written since the open, or evicted) is read from the table as
+//! before. A held row is the applied one, as of the last apply that finished: the answer
+//! `StateDb::route` gives at that moment (the held transaction's rows, else the table's). So the
 //! next apply, which runs under the same lock, reads a device's row from here too when it is held
 //! (a reconnecting device's claim, a release), and walks the table only for the others.
 
@@ -40,7 +41,7 @@ impl Weighter<Box<str>, RouteAndFloor> for Bytes {
     }
 }
 
-/// device → its committed route and floor, for the rows written or scanned since the open, up to
+/// device → its applied route and floor, for the rows written or scanned since the open, up to
 /// a budget in bytes (the coldest go first).
 pub(super) struct RowCache {
     rows: Cache<Box<str>, RouteAndFloor, Bytes>,
@@ -53,12 +54,12 @@ impl RowCache {
         RowCache { rows: Cache::with_weighter(items.max(1), bytes.max(1) as u64, Bytes) }
     }
 
-    /// The committed route and floor of `device`, if held.
+    /// The applied route and floor of `device`, if held.
     pub(super) fn get(&self, device: &str) -> Option<RouteAndFloor> {
         self.rows.get(device)
     }
 
-    /// Records `device`'s committed row (both None: it has none).
+    /// Records `device`'s applied row (both None: it has none).
     pub(super) fn put(&self, device: impl Into<Box<str>>, row: RouteAndFloor) {
         self.rows.insert(device.into(), row);
     }

@@ -1,18 +1,21 @@
 //! `state.redb`: the applied state machine's tables (see `store::schema`). Applies commit
-//! without fsync, with the Raft adapter's applied meta in the same transaction, so a crash replays
-//! from the log; building or installing a snapshot commits durably, so the state on disk is never
+//! without fsync (an apply that writes no table read elsewhere, such as a claim's or a release's,
+//! may leave its transaction open for the next: `store::held`), with the Raft adapter's applied meta in the same transaction, so a crash
+//! replays from the log; building or installing a snapshot commits durably, so the state on disk is never
 //! behind a purged log. An apply's transaction is [`StateTxn`] (`store::txn`). Callers run every
 //! function here on the blocking pool.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle, WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 
+use super::held::{self, Held, Hold};
 use super::index::RouteIndex;
 use super::rows::RowCache;
 use super::schema::{
@@ -101,11 +104,14 @@ pub(super) fn merge_legacy(routes: &Rows, floors: &Rows) -> Result<Rows, StoreEr
 /// Handle on `state.redb`. Cheap to clone.
 #[derive(Clone)]
 pub struct StateDb {
+    /// The apply transaction left open for the next apply, if any (`store::held`). First, so
+    /// that the last clone's drop commits it before it closes the database.
+    pub(super) hold: Arc<Hold>,
     pub(super) db: Arc<Database>,
-    /// The per-node route index of the committed state: locked by an apply (applies run one at a
+    /// The per-node route index of the applied state: locked by an apply (applies run one at a
     /// time) and replaced by an install.
     pub(super) index: Arc<Mutex<RouteIndex>>,
-    /// The committed device rows, up to 1/[`ROW_CACHE_SHARE`] of the page cache's bytes: written by
+    /// The applied device rows, up to 1/[`ROW_CACHE_SHARE`] of the page cache's bytes: written by
     /// an apply (under the index's lock) and refilled by an open or an install.
     pub(super) rows: Arc<RowCache>,
 }
@@ -119,6 +125,16 @@ impl StateDb {
     /// cache of 1/[`ROW_CACHE_SHARE`] of that) and creates every table once. A file written in
     /// another layout is refused (see [`STATE_FORMAT`]).
     pub fn open(dir: &Path, cache_bytes: usize) -> Result<(StateDb, Loaded), StoreError> {
+        StateDb::open_holding(dir, cache_bytes, held::configured())
+    }
+
+    /// [`StateDb::open`] with an apply transaction held open for at most `hold_for` (zero: every
+    /// apply commits; see `store::held`).
+    pub(super) fn open_holding(
+        dir: &Path,
+        cache_bytes: usize,
+        hold_for: Duration,
+    ) -> Result<(StateDb, Loaded), StoreError> {
         let path = dir.join("state.redb");
         let db = redb::Builder::new().set_cache_size(cache_bytes).create(&path)?;
         let txn = db.begin_write()?;
@@ -151,7 +167,7 @@ impl StateDb {
         }
         txn.commit()?;
         let rows = Arc::new(RowCache::new(cache_bytes / ROW_CACHE_SHARE));
-        let db = StateDb { db: Arc::new(db), index: Arc::default(), rows };
+        let db = StateDb { hold: Arc::new(Hold::start(hold_for)), db: Arc::new(db), index: Arc::default(), rows };
         let loaded = db.load()?;
         Ok((db, loaded))
     }
@@ -197,23 +213,59 @@ impl StateDb {
         Ok(Loaded { state, applied: get(APPLIED)? })
     }
 
-    /// Runs one apply transaction (not fsynced); `f` applies through the [`StateTxn`] and ends
-    /// with [`StateTxn::save`]. The device rows it changed are written back before the commit.
+    /// Runs one apply (not fsynced); `f` applies through the [`StateTxn`] and ends with
+    /// [`StateTxn::save`]. The device rows it changed are written back at its end; its
+    /// transaction commits, or stays open for the next apply when it wrote no table read outside
+    /// the applies (see `store::held`). Its route moves and rows are what the route index,
+    /// the row cache and [`StateDb::route`] answer from then on. An error is fatal to the node
+    /// (openraft stops): the applies of a held transaction are lost with it, and replayed from the
+    /// log on the next start; the row cache is emptied so that it answers nothing they changed.
     pub fn apply<R>(&self, f: impl FnOnce(&mut StateTxn<'_>) -> Result<R, StoreError>) -> Result<R, StoreError> {
         let mut index = self.index();
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::None)?;
-        let (out, (moves, changed)) = {
-            let mut tx = StateTxn::open(&txn, &index, &self.rows);
+        let mut slot = self.hold.lock();
+        let run = |held: &Held| {
+            let mut tx = StateTxn::open(&held.txn, &index, &self.rows);
             let out = f(&mut tx)?;
-            (out, tx.write_back()?)
+            let holdable = tx.holdable();
+            Ok::<_, StoreError>((out, tx.write_back()?, holdable))
         };
-        txn.commit()?;
+        let held = match slot.take() {
+            Some(held) => held,
+            None => Held::begin(&self.db)?,
+        };
+        let (out, (moves, changed), holdable) = match run(&held) {
+            Ok(done) => done,
+            Err(e) => {
+                drop(held);
+                self.hold.forget();
+                self.rows.clear();
+                return Err(e);
+            }
+        };
         index.apply(moves);
+        let keep = holdable && self.hold.keeps(&held, changed.len());
+        if keep {
+            self.hold.changed(changed.iter().cloned());
+        }
         for (device, row) in changed {
             self.rows.put(device, row.split());
         }
+        *slot = Some(held);
+        if !keep {
+            if let Err(e) = self.hold.commit(&mut slot) {
+                self.rows.clear();
+                return Err(e);
+            }
+        }
         Ok(out)
+    }
+
+    /// Commits the held apply transaction, if any (a dump, a snapshot's save and an install
+    /// read or write past it).
+    pub(super) fn commit_held(&self) -> Result<MutexGuard<'_, Option<Held>>, StoreError> {
+        let mut slot = self.hold.lock();
+        self.hold.commit(&mut slot)?;
+        Ok(slot)
     }
 
     /// A device's route and floor from the row cache, when it holds them: what
@@ -224,6 +276,9 @@ impl StateDb {
 
     /// A device's route and floor.
     pub fn route(&self, device: &str) -> Result<RouteAndFloor, StoreError> {
+        if let Some(row) = self.hold.row(device) {
+            return Ok(row.split());
+        }
         let txn = self.db.begin_read()?;
         let row: Option<DeviceRow> = get(&txn.open_table(DEVICES)?, device)?;
         Ok(row.unwrap_or_default().split())
@@ -231,9 +286,14 @@ impl StateDb {
 
     /// [`StateDb::route`] of each device, in one read transaction.
     pub fn routes(&self, devices: &[String]) -> Result<Vec<RouteAndFloor>, StoreError> {
+        let held: Vec<Option<DeviceRow>> = devices.iter().map(|d| self.hold.row(d)).collect();
         let txn = self.db.begin_read()?;
         let table = txn.open_table(DEVICES)?;
-        devices.iter().map(|d| Ok(get::<_, DeviceRow>(&table, d.as_str())?.unwrap_or_default().split())).collect()
+        let read = |d: &String, held: Option<DeviceRow>| match held {
+            Some(row) => Ok(row.split()),
+            None => Ok(get::<_, DeviceRow>(&table, d.as_str())?.unwrap_or_default().split()),
+        };
+        devices.iter().zip(held).map(|(d, held)| read(d, held)).collect()
     }
 
     /// A tenant's row and its last `limit` ledger entries in (period, consumption id) order.
@@ -326,6 +386,7 @@ impl StateDb {
 
     /// Serializes every registered table from one read transaction (applies may run concurrently).
     pub fn dump(&self) -> Result<Dump, StoreError> {
+        drop(self.commit_held()?);
         let txn = self.db.begin_read()?;
         let applied = txn.open_table(META)?.get(APPLIED)?.map(|v| v.value().to_vec());
         let mut body = SnapshotBody::default();
@@ -383,6 +444,9 @@ impl StateDb {
             merged = merge_legacy(routes, tables.remove(legacy_floors).unwrap_or(&none))?;
             tables.insert(devices, &merged);
         }
+        // No apply opens a transaction until this one committed (the slot stays locked); the
+        // held one commits first, since only one writes at a time.
+        let slot = self.commit_held()?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         // No row of the replaced state may answer after the commit; `load` refills the cache.
@@ -393,6 +457,7 @@ impl StateDb {
         txn.open_table(META)?.insert(APPLIED, applied)?;
         put_snapshot(&txn, order, snapshot, true)?;
         txn.commit()?;
+        drop(slot);
         self.load()
     }
 
@@ -401,11 +466,21 @@ impl StateDb {
     /// `Immediate` commit also makes every earlier non-durable apply durable, so the state on disk
     /// is at least as new as any snapshot that lets openraft purge the log.
     pub fn save_snapshot(&self, order: u64, snapshot: &[u8]) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
-        put_snapshot(&txn, order, snapshot, false)?;
-        txn.commit()?;
-        Ok(())
+        // The held applies (newer than the snapshot, which a dump read after committing them)
+        // become durable with it.
+        let mut slot = self.hold.lock();
+        let mut txn = match slot.take() {
+            Some(held) => held.txn,
+            None => self.db.begin_write()?,
+        };
+        let saved = (|| {
+            txn.set_durability(Durability::Immediate)?;
+            put_snapshot(&txn, order, snapshot, false)?;
+            Ok(txn.commit()?)
+        })();
+        // Committed (or lost with the database, which refuses writes after a failed commit).
+        self.hold.forget();
+        saved
     }
 
     /// The current snapshot, as stored by [`StateDb::save_snapshot`] or [`StateDb::install`].

@@ -36,13 +36,24 @@ fn restore(loaded: Loaded) -> State {
     state
 }
 
-impl Backend for RedbBackend {
-    fn fresh() -> Self {
+impl RedbBackend {
+    /// A fresh database whose applies stay open for at most `hold_for` (`store::held`).
+    pub fn holding(hold_for: std::time::Duration) -> Self {
         let shm = std::path::Path::new("/dev/shm");
         let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
-        let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+        let (db, loaded) = StateDb::open_holding(dir.path(), crate::store::TEST_CACHE_BYTES, hold_for).unwrap();
         assert_eq!(loaded, Loaded::default());
         RedbBackend { dir, db }
+    }
+
+    pub fn db(&self) -> &StateDb {
+        &self.db
+    }
+}
+
+impl Backend for RedbBackend {
+    fn fresh() -> Self {
+        RedbBackend::holding(super::held::configured())
     }
 
     fn apply(
@@ -76,6 +87,8 @@ impl Backend for RedbBackend {
     }
 
     fn dump(&self) -> MemTables {
+        // As `StateDb::dump` does: the held applies first.
+        drop(self.db.commit_held().unwrap());
         let txn = self.db.db.begin_read().unwrap();
         let mut t = MemTables::default();
         for row in txn.open_table(DEVICES).unwrap().iter().unwrap() {
@@ -95,7 +108,7 @@ impl Backend for RedbBackend {
             let row: Option<DeviceRow> = super::state::get(&devices, &*device).unwrap();
             assert_eq!(cached, row.unwrap_or_default().split(), "the row cache disagrees with the table on {device}");
         }
-        // The route index lives in memory (`store::index`), as of the last commit.
+        // The route index lives in memory (`store::index`), as of the last apply.
         t.node_routes = self.db.index.lock().unwrap().pairs().map(|(n, d)| (n, d.to_string())).collect();
         for row in txn.open_table(HEADS).unwrap().iter().unwrap() {
             let (k, v) = row.unwrap();
@@ -179,7 +192,9 @@ fn populated() -> Sm<RedbBackend> {
     sm
 }
 
+/// Every registered table's rows as committed, after committing what is held (as a dump does).
 fn rows(db: &StateDb) -> BTreeMap<String, Rows> {
+    drop(db.commit_held().unwrap());
     let txn = db.db.begin_read().unwrap();
     STATE_TABLES.iter().map(|t| (t.name().to_string(), t.rows(&txn).unwrap())).collect()
 }

@@ -27,11 +27,13 @@ use crate::machine::{
 struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
     def: TableDefinition<'static, K, V>,
     table: OnceCell<Table<'t, K, V>>,
+    /// Written in this transaction (opened by `get_mut`).
+    wrote: bool,
 }
 
 impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
     fn new(def: TableDefinition<'static, K, V>) -> Self {
-        Lazy { def, table: OnceCell::new() }
+        Lazy { def, table: OnceCell::new(), wrote: false }
     }
 
     fn get(&self, txn: &'t WriteTransaction) -> Result<&Table<'t, K, V>, StoreError> {
@@ -44,6 +46,7 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
 
     fn get_mut(&mut self, txn: &'t WriteTransaction) -> Result<&mut Table<'t, K, V>, StoreError> {
         self.get(txn)?;
+        self.wrote = true;
         Ok(self.table.get_mut().expect("opened above"))
     }
 }
@@ -63,12 +66,12 @@ pub struct StateTxn<'t> {
     /// [`StateTxn::write_back`] (in key order): a claim reads a floor and a route and writes
     /// both, one row read and one written. At most one row per device the transaction touches.
     rows: RefCell<BTreeMap<String, Cached>>,
-    /// The committed rows kept in memory ([`RowCache`]): a row it holds is the one the table
-    /// holds (written through after every commit, under the apply's lock), so a first read of a
+    /// The applied rows kept in memory ([`RowCache`]): a row it holds is the one this transaction
+    /// reads from the table (written through after every apply, under the apply's lock), so a first read of a
     /// device it holds skips the B-tree walk.
     committed: &'t RowCache,
-    /// The per-node route index as of the last commit, and this transaction's moves in it
-    /// (applied by [`super::state::StateDb::apply`] once the commit succeeds).
+    /// The per-node route index as of the last apply, and this transaction's moves in it
+    /// (applied by [`super::state::StateDb::apply`] once the apply succeeds).
     index: &'t RouteIndex,
     moves: Moves,
     nodes: Lazy<'t, u64, &'static [u8]>,
@@ -126,6 +129,33 @@ impl<'t> StateTxn<'t> {
         f(&mut cached.row);
         cached.dirty = true;
         Ok(())
+    }
+
+    /// Whether this transaction wrote none of the tables read outside the applies (by message
+    /// delivery, the tenant API and the events API): the others are read there only by the route
+    /// lookups (which read the held rows first), a dump (which commits first) and an open, so it
+    /// may stay open for the next apply (`store::held`).
+    pub(super) fn holdable(&self) -> bool {
+        // Every field named, so that a new table cannot be forgotten here.
+        let StateTxn {
+            txn: _,
+            devices: _,
+            rows: _,
+            committed: _,
+            index: _,
+            moves: _,
+            nodes: _,
+            meta: _,
+            idem: _,
+            key_order: _,
+            device_tenants: _,
+            streams,
+            heads,
+            tenants,
+            ledger,
+            cluster_events,
+        } = self;
+        ![streams.wrote, heads.wrote, tenants.wrote, ledger.wrote, cluster_events.wrote].contains(&true)
     }
 
     /// Writes the changed device rows (a row with neither a route nor a floor is deleted), and
