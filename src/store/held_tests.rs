@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use redb::ReadableDatabase;
 
 use super::HOLD_ROWS;
+use crate::machine;
 use crate::machine::testkit::{self, Sm};
 use crate::store::schema::DEVICES;
 use crate::store::state::StateDb;
@@ -27,10 +28,12 @@ fn held(db: &StateDb) -> bool {
 /// A state machine that holds for an hour, with `d1` claimed on node 1 and held.
 fn d1_held() -> (Sm<RedbBackend>, StateDb) {
     let mut sm = Sm::new_on(RedbBackend::holding(FOREVER));
-    // A node's first renewal records a cluster event (and commits); its claims are then held.
-    sm.one(testkit::renew(1, 0, 1 << 40));
-    sm.one(testkit::claim("d1", 1, 7, 0, 1));
     let db = sm.b.db().clone();
+    assert!(held(&db), "the membership and lease applies stay open");
+    // A node's first renewal records a cluster event: the events API reads them.
+    sm.one(testkit::renew(1, 0, 1 << 40));
+    assert!(!held(&db), "an apply that writes a cluster event commits");
+    sm.one(testkit::claim("d1", 1, 7, 0, 1));
     assert!(held(&db) && !committed(&db, "d1"), "a claim's apply stays open");
     (sm, db)
 }
@@ -54,6 +57,11 @@ fn a_held_claim_answers_route_lookups_and_commits_with_the_next_publish() {
     sm.one(testkit::claim("d1", 2, 9, 0, 2));
     assert!(held(&db));
     assert_eq!(db.route("d1").unwrap().0.map(|r| (r.node, r.conn)), Some((2, 9)));
+
+    // A tenant's row is read by the tenant API.
+    let policy = machine::SetTenantPolicy { tenant: "t".into(), max_connections: Some(9), publishes: None, at_ms: 0 };
+    sm.one(policy.into());
+    assert!(!held(&db), "an apply that writes a tenant commits");
 }
 
 #[test]
@@ -76,12 +84,13 @@ fn a_dump_a_snapshot_save_and_the_close_commit_what_is_held() {
 
 #[test]
 fn a_held_transaction_commits_when_it_is_old_or_large_enough() {
-    let hold = Duration::from_millis(50);
+    // Long enough that the claim's own apply never outlasts it (it would commit inline).
+    let hold = Duration::from_secs(2);
     let mut sm = Sm::new_on(RedbBackend::holding(hold));
-    // A node's first renewal records a cluster event (and commits); its claims are then held.
     sm.one(testkit::renew(1, 0, 1 << 40));
     sm.one(testkit::claim("d1", 1, 7, 0, 1));
     let db = sm.b.db().clone();
+    assert!(held(&db) && !committed(&db, "d1"));
     // The committing thread checks once per hold: committed within two, given slack for a
     // loaded machine.
     let deadline = Instant::now() + hold * 2 + Duration::from_secs(10);

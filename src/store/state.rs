@@ -229,17 +229,22 @@ impl StateDb {
             let holdable = tx.holdable();
             Ok::<_, StoreError>((out, tx.write_back()?, holdable))
         };
-        let held = match slot.take() {
-            Some(held) => held,
-            None => Held::begin(&self.db)?,
+        // On an error the held applies are lost (a failed commit leaves the database refusing
+        // writes, so the next begin fails too): nothing may answer the rows they changed.
+        let lost = |e: StoreError| {
+            self.hold.forget();
+            self.rows.clear();
+            Err(e)
+        };
+        let held = match slot.take().map_or_else(|| Held::begin(&self.db), Ok) {
+            Ok(held) => held,
+            Err(e) => return lost(e),
         };
         let (out, (moves, changed), holdable) = match run(&held) {
             Ok(done) => done,
             Err(e) => {
                 drop(held);
-                self.hold.forget();
-                self.rows.clear();
-                return Err(e);
+                return lost(e);
             }
         };
         index.apply(moves);
@@ -253,8 +258,7 @@ impl StateDb {
         *slot = Some(held);
         if !keep {
             if let Err(e) = self.hold.commit(&mut slot) {
-                self.rows.clear();
-                return Err(e);
+                return lost(e);
             }
         }
         Ok(out)
@@ -284,7 +288,8 @@ impl StateDb {
         Ok(row.unwrap_or_default().split())
     }
 
-    /// [`StateDb::route`] of each device, in one read transaction.
+    /// [`StateDb::route`] of each device: the held rows, then one read transaction for the others
+    /// (each device's answer is as new as `route`'s; two devices' may be of two moments).
     pub fn routes(&self, devices: &[String]) -> Result<Vec<RouteAndFloor>, StoreError> {
         let held: Vec<Option<DeviceRow>> = devices.iter().map(|d| self.hold.row(d)).collect();
         let txn = self.db.begin_read()?;
@@ -467,20 +472,14 @@ impl StateDb {
     /// is at least as new as any snapshot that lets openraft purge the log.
     pub fn save_snapshot(&self, order: u64, snapshot: &[u8]) -> Result<(), StoreError> {
         // The held applies (newer than the snapshot, which a dump read after committing them)
-        // become durable with it.
-        let mut slot = self.hold.lock();
-        let mut txn = match slot.take() {
-            Some(held) => held.txn,
-            None => self.db.begin_write()?,
-        };
-        let saved = (|| {
-            txn.set_durability(Durability::Immediate)?;
-            put_snapshot(&txn, order, snapshot, false)?;
-            Ok(txn.commit()?)
-        })();
-        // Committed (or lost with the database, which refuses writes after a failed commit).
-        self.hold.forget();
-        saved
+        // become durable with it, committed first (a failed write of the snapshot must not take them along); no
+        // apply opens a transaction until this one committed (the slot stays locked).
+        let _slot = self.commit_held()?;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        put_snapshot(&txn, order, snapshot, false)?;
+        txn.commit()?;
+        Ok(())
     }
 
     /// The current snapshot, as stored by [`StateDb::save_snapshot`] or [`StateDb::install`].
