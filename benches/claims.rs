@@ -7,11 +7,13 @@
 //! another build), prints the machine's floor (fsync, loopback round trip), then for each
 //! concurrency C (1, 8, 64, 256) runs
 //! C tasks that loop `POST /v1/devices/{id}/claim` on fresh devices for `CLAIMS_BENCH_SECS` seconds
-//! (default 5; ids count up per task, or come in random key order with `CLAIMS_BENCH_IDS=random`),
+//! (default 5; ids count up per task, or come in random key order with `CLAIMS_BENCH_IDS=random`;
+//! `CLAIMS_BENCH_HELD=N` claims a fleet of N devices first, unmeasured, so that the runs claim
+//! against a state of that size),
 //! once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). Every node's `/metrics` is scraped before and after each run
-//! to show how claims were folded into log entries and fsyncs (the leader's) and how many context
-//! switches each claim cost, and each process's CPU time is read from `/proc` to print CPU
+//! to show how claims were folded into log entries and fsyncs (the leader's), how many context
+//! switches each claim cost and how many snapshots the nodes built, and each process's CPU time is read from `/proc` to print CPU
 //! microseconds per request on the leader, the two followers together and this loader.
 //!
 //! A publish phase follows: for each C, C tasks loop `POST /v1/devices/{id}/messages` with a small
@@ -73,6 +75,25 @@ fn main() {
     rt.block_on(run(&cluster.secret, &all, 8, Duration::from_secs(1), "warmup", &Op::Claim));
     for pg in &pgs {
         pg.run(8, 0, 1);
+    }
+
+    // `CLAIMS_BENCH_HELD=N`: a fleet of N devices claimed first (256 clients via the leader, not
+    // measured), so that every run claims against a state of that size, as a cluster holding a
+    // real fleet does (each snapshot writes the whole state).
+    let held: u64 = std::env::var("CLAIMS_BENCH_HELD").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (mut filled, fill_started) = (0, std::time::Instant::now());
+    while filled < held {
+        let r = rt.block_on(run(
+            &cluster.secret,
+            std::slice::from_ref(&leader),
+            256,
+            Duration::from_secs(5),
+            &format!("held{filled}"),
+            &Op::Claim,
+        ));
+        assert!(r.ok > 0, "no claim accepted while filling the held fleet: {:?}", r.errors);
+        filled += r.ok;
+        println!("held fleet: {filled} of {held} devices claimed in {:.0?}", fill_started.elapsed());
     }
 
     // Devices claimed at least once (one per claiming task), reused as publish targets.
@@ -211,7 +232,19 @@ fn table(
             } else {
                 r.errors.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ")
             };
+            // Snapshots every node built during the run: each writes the whole state.
+            let snapshots: f64 = after_all
+                .iter()
+                .map(|(node, m)| {
+                    let built =
+                        |m: &HashMap<String, f64>| m.get("gateway_snapshots_built_total").copied().unwrap_or(0.0);
+                    built(m) - before_all.get(node).map_or(0.0, built)
+                })
+                .sum();
             let mut note = String::new();
+            if snapshots > 0.0 {
+                note += &format!(" ({snapshots} snapshots built)");
+            }
             if rounds > 1 {
                 note += &format!(" (round {round})");
             }
@@ -256,6 +289,7 @@ fn table(
                 per_fsync_key: ratio(cmds, fsyncs),
                 "cpu_us_per_op": {"leader": cpu_per[0], "followers": cpu_per[1], "loader": cpu_per[2]},
                 "switches_per_op": {"leader": sw_per[0], "followers": sw_per[1]},
+                "snapshots_built": snapshots,
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
                 "loadavg_before": load_before, "loadavg_after": loadavg(),
             }));

@@ -59,6 +59,8 @@ pub struct Metrics {
     /// Snapshots this node built from its state, and snapshots it installed from a leader.
     pub snapshots_built: Counter,
     pub snapshots_installed: Counter,
+    /// Snapshots the log policy asked for that this node deferred (`raft::pace`).
+    pub snapshots_deferred: Counter,
     /// Device handshakes by result (`accepted`, `redirected`, or the refusal reason).
     pub handshakes: Family<ResultLabel, Counter>,
     /// Accepted handshakes by where `hello`'s stream head came from: `claim` (this node applied
@@ -195,6 +197,7 @@ impl Default for Metrics {
             fence_events: Counter::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
+            snapshots_deferred: Counter::default(),
             raft_term: Gauge::default(),
             raft_is_leader: Gauge::default(),
             raft_last_log_index: Gauge::default(),
@@ -308,6 +311,11 @@ impl Default for Metrics {
         registry.register("connections", "Live device connections", m.connections.clone());
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
+        registry.register(
+            "snapshots_deferred",
+            "Snapshots the log policy asked for and this node deferred: the entries applied since its last one weighed less than it",
+            m.snapshots_deferred.clone(),
+        );
         registry.register("nodes_expired", "Nodes expired by sweeps this node proposed", m.nodes_expired.clone());
         registry.register("suspicions", "Members this node suspected as leader, by reason", m.suspicions.clone());
         registry.register("suspect_nodes", "Members in state suspect (out of the ring)", m.suspect_nodes.clone());

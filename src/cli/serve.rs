@@ -98,7 +98,8 @@ pub struct ServeArgs {
     /// Number of voters (odd, up to 7); later members are learners [default: 3].
     #[arg(long, env = "GATEWAY_MAX_VOTERS")]
     pub max_voters: Option<usize>,
-    /// Snapshot and purge the log every this many entries [default: 10000].
+    /// Snapshot and purge the log every this many entries, deferred while the entries since the
+    /// last snapshot weigh less than it [default: 10000].
     #[arg(long, env = "GATEWAY_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
     /// Cluster admission budget committed when this node bootstraps a cluster (as `gateway

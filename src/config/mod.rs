@@ -118,7 +118,8 @@ pub struct Timing {
     pub heartbeat_ms: u64,
     /// Voters in the cluster (odd, 1..=7); later members join as learners.
     pub max_voters: usize,
-    /// Build a snapshot (and purge the log) after this many entries.
+    /// Build a snapshot (and purge the log) after this many entries, deferred while the entries
+    /// since the last one weigh less than it (`raft::pace`).
     pub snapshot_logs: u64,
     /// Deadline for one proposed write to commit.
     pub propose_timeout_ms: u64,

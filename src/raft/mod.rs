@@ -5,6 +5,7 @@
 pub mod events;
 pub mod log_store;
 pub mod network;
+mod pace;
 pub mod rpc;
 pub mod state_machine;
 pub mod stream;

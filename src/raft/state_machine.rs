@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use super::blocking;
 use super::events::{self, EventReceiver, EventSender};
+use super::pace::Pace;
 use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
@@ -70,6 +71,8 @@ pub struct StateMachine {
     /// This node, whose own claims are answered with its stream head (`machine::Ctx::local`)
     /// when a caller here waits for them.
     me: Option<machine::NodeId>,
+    /// Whether a snapshot the policy asks for is due (see [`super::pace`]).
+    pace: Pace,
 }
 
 impl StateMachine {
@@ -87,7 +90,8 @@ impl StateMachine {
         // No consumer until `events` is called: until then, events are dropped.
         let (events, _) = events::channel(0, 0);
         let snapshots_built = Arc::default();
-        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock, me }, rx))
+        let pace = Pace::default();
+        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock, me, pace }, rx))
     }
 
     /// The queue of what applies did (kicks, sweeps, deliveries) for its one consumer, which
@@ -134,6 +138,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if entries.is_empty() {
             return Ok(());
         }
+        self.pace.applied(entries.iter().map(|e| super::tail::weight(e) as u64).sum());
         let (db, mut state, mut applied, me) = (self.db.clone(), self.state.clone(), self.applied.clone(), self.me);
         // Entries a caller on this node waits for (a leader's own proposals): only their replies
         // are read, so only they are applied as this node's (a follower's own claims are answered
@@ -180,18 +185,41 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Self::SnapshotBuilder> {
+        if let Err(missing) = self.pace.due(force) {
+            self.metrics.snapshots_deferred.inc();
+            tracing::debug!(missing_bytes = missing, "snapshot deferred: the entries since the last one weigh less");
+            // What the snapshot's save would have made durable still is: a crash replays no more
+            // of the log than before, and redb reuses the pages the applies since have freed.
+            let db = self.db.clone();
+            if let Err(e) = blocking("state sync", move || db.sync()).await {
+                tracing::warn!(error = %e, "could not make the applied state durable");
+            }
+            return None;
+        }
+        Some(self.get_snapshot_builder().await)
+    }
+
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        SnapshotBuilder { db: self.db.clone(), built: self.snapshots_built.clone(), metrics: self.metrics.clone() }
+        SnapshotBuilder {
+            db: self.db.clone(),
+            built: self.snapshots_built.clone(),
+            metrics: self.metrics.clone(),
+            mark: self.pace.mark(),
+            pace: self.pace.clone(),
+        }
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
         let (db, smeta, data) = (self.db.clone(), meta.clone(), snapshot.into_inner());
+        let stored_len = data.len();
         let (state, applied) = blocking("snapshot install", move || {
             let applied = Applied { last_applied: smeta.last_log_id, membership: smeta.last_membership.clone() };
             let stored = encode(&(&smeta, &data))?;
             restore(db.install(&data, &encode(&applied)?, order(&smeta), &stored)?)
         })
         .await?;
+        self.pace.installed(stored_len);
         self.metrics.snapshots_installed.inc();
         self.events.send(Event::Installed);
         tracing::info!(last_log_id = ?applied.last_applied, "installed a snapshot from the leader");
@@ -239,6 +267,9 @@ pub struct SnapshotBuilder {
     db: StateDb,
     built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
+    /// The state's mark when the builder was made, reported to `pace` with the snapshot's size.
+    mark: u64,
+    pace: Pace,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -255,6 +286,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             Ok((smeta, dump.data))
         })
         .await?;
+        self.pace.built(self.mark, data.len());
         self.metrics.snapshots_built.inc();
         Ok(Snapshot { meta, snapshot: Cursor::new(data) })
     }

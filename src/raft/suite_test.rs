@@ -122,6 +122,83 @@ async fn claims_update_the_view_without_waking_its_watchers() {
     assert_eq!(view.borrow_and_update().lease(1).map(|l| l.state), Some(crate::machine::LeaseState::Draining));
 }
 
+/// A snapshot the log policy asks for is deferred while the entries applied since the last one
+/// weigh less than that snapshot's bytes (`raft::pace`), and counted as deferred; a forced one
+/// (a follower's entries are purged) is never deferred, and nor is the first after a start.
+#[tokio::test]
+async fn policy_snapshots_wait_until_the_entries_since_weigh_as_much_as_the_last() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+
+    use futures_util::stream;
+    use openraft::storage::RaftStateMachine;
+    use openraft::{EntryPayload, Membership, RaftSnapshotBuilder};
+
+    use super::types::{log_id as id, Entry, Request};
+    use crate::machine::{Claim, Command, Member, Renew};
+    use crate::metrics::Metrics;
+
+    /// Applies one entry; its weight.
+    async fn apply(sm: &mut StateMachine, index: &mut u64, payload: EntryPayload<Request, u64, Member>) -> u64 {
+        *index += 1;
+        let entry = Entry { log_id: id(3, 1, *index), payload };
+        let weight = super::tail::weight(&entry) as u64;
+        sm.apply(stream::iter([Ok((entry, None))])).await.unwrap();
+        weight
+    }
+    let claims = |from: u64, count: u64| {
+        let cmds: Vec<Command> = (from..from + count)
+            .map(|n| Claim { device: format!("device-{n}"), node: 1, conn: n, epoch: 0, attempt: 1 }.into())
+            .collect();
+        EntryPayload::Normal(Request { cmds })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let (mut sm, _view) = StateMachine::new(db, loaded, None, metrics.clone(), Default::default()).unwrap();
+    let mut index = 0;
+    let members: BTreeMap<u64, Member> =
+        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() })].into();
+    let membership = Membership::new(vec![BTreeSet::from([1])], members).unwrap();
+    apply(&mut sm, &mut index, EntryPayload::Membership(membership)).await;
+    let renew = Renew { node: 1, at_ms: 10, lease_ms: 1 << 40, connections: 0, draining: false, incarnation: 1 };
+    apply(&mut sm, &mut index, EntryPayload::Normal(Request { cmds: vec![renew.into()] })).await;
+    apply(&mut sm, &mut index, claims(0, 300)).await;
+
+    let mut builder = sm.try_create_snapshot_builder(false).await.expect("the first snapshot is never deferred");
+    let bytes = builder.build_snapshot().await.unwrap().snapshot.into_inner().len() as u64;
+    assert!(bytes > 300 * 20, "a snapshot of 300 devices is {bytes} bytes");
+
+    let mut since = 0;
+    let mut deferred = 0;
+    let mut next = 300;
+    while since < bytes {
+        assert!(
+            sm.try_create_snapshot_builder(false).await.is_none(),
+            "{since} bytes of entries since a snapshot of {bytes}: deferred"
+        );
+        deferred += 1;
+        assert_eq!(metrics.snapshots_deferred.get(), deferred);
+        assert!(sm.try_create_snapshot_builder(true).await.is_some(), "a forced snapshot is never deferred");
+        since += apply(&mut sm, &mut index, claims(next, 20)).await;
+        next += 20;
+    }
+    assert!(deferred >= 2, "deferred {deferred} times");
+    // A deferral still made the applies before it durable: a copy of the file as a crash would
+    // leave it (non-durable commits are not in its header) holds the devices claimed after the
+    // snapshot and before the last deferral.
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.path().join("state.redb"), crashed.path().join("state.redb")).unwrap();
+    let (copy, _) = StateDb::open(crashed.path(), crate::store::TEST_CACHE_BYTES).unwrap();
+    assert!(copy.route("device-300").unwrap().0.is_some(), "a claim applied before a deferral is durable");
+    drop(copy);
+    let mut builder =
+        sm.try_create_snapshot_builder(false).await.expect("due once the entries since weigh as much as the snapshot");
+    let grown = builder.build_snapshot().await.unwrap().snapshot.into_inner().len() as u64;
+    assert!(grown > bytes, "the state grew: {grown} bytes after {bytes}");
+    assert!(sm.try_create_snapshot_builder(false).await.is_none(), "the new snapshot sets the pace");
+}
+
 /// What openraft 0.9 wrote (log entries, the vote, log ids, the applied meta, a stored snapshot),
 /// encoded by the 0.9 build of this project, decodes under 0.10 to the same values, and all but
 /// the snapshot (whose meta lost its id) encode back to the same bytes: a store written before the

@@ -482,6 +482,17 @@ impl StateDb {
         Ok(())
     }
 
+    /// Makes every apply so far durable, committing what is held first, as a snapshot's save
+    /// does without the snapshot: a crash then replays the log from here, and redb settles the
+    /// pages that non-durable commits freed (it reuses them only after a durable commit).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let _slot = self.commit_held()?;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        txn.commit()?;
+        Ok(())
+    }
+
     /// The current snapshot, as stored by [`StateDb::save_snapshot`] or [`StateDb::install`].
     pub fn load_snapshot(&self) -> Result<Option<Vec<u8>>, StoreError> {
         let txn = self.db.begin_read()?;
