@@ -5,14 +5,17 @@
 //! memory), so at a fixed entry count a large state would spend more on its snapshots than on the
 //! commands between them: at a million devices and one claim an entry, ~100 µs a claim. A policy
 //! snapshot is therefore deferred while the entries this node applied since its last snapshot
-//! weigh less, in bytes ([`super::tail::weight`]: their commands and a fixed overhead each), than
-//! that snapshot; openraft asks again `--snapshot-logs` entries later. Snapshot work is then at
-//! most about one byte written per byte of entries applied, whatever the size of the state, and
-//! the log between snapshots holds about as many bytes of entries as the state has. A snapshot a
-//! follower needs (its entries purged: openraft forces it) is never deferred, nor the first one
-//! after a start. A deferral still commits the applied state durably, as the snapshot's save
-//! would have: a crash replays no more of the log than before, and redb reuses the pages that
-//! the non-durable applies freed.
+//! weigh less, in bytes ([`super::tail::weight`]: about what their commands hold in memory and a
+//! fixed 128 bytes each, roughly four times a device's row in a snapshot at one claim an entry),
+//! than that snapshot; openraft asks again `--snapshot-logs` entries later. Snapshot work is then
+//! bounded by the weight of the entries applied, whatever the size of the state, and the log
+//! between snapshots holds entries of about the state's weight. Never deferred: the first
+//! snapshot after a start (the pace starts at zero: a restart of a large node costs one), and one
+//! openraft forces (at startup, when its log is purged and no snapshot is stored). A lagging
+//! follower gets the stored snapshot and then the entries since it, as before, but those can now be
+//! a state's worth. A deferral still commits the applied state durably, as the snapshot's save
+//! would have: a crash replays no more of the log than before, and redb reuses the pages that the
+//! non-durable applies freed.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,6 +26,15 @@ struct Last {
     at: u64,
     /// Its size in bytes.
     bytes: u64,
+    /// Snapshots installed so far.
+    installs: u64,
+}
+
+/// The state as a snapshot builder found it: see [`Pace::mark`].
+#[derive(Debug, Clone, Copy)]
+pub struct Mark {
+    at: u64,
+    installs: u64,
 }
 
 /// The weight of what this node applied and where the last snapshot stood. Cloned into each
@@ -57,22 +69,23 @@ impl Pace {
 
     /// A mark of the state as it stands, for [`Pace::built`]: a builder made now dumps this
     /// state or a later one.
-    pub fn mark(&self) -> u64 {
-        self.applied
+    pub fn mark(&self) -> Mark {
+        Mark { at: self.applied, installs: self.last().installs }
     }
 
-    /// A snapshot of `bytes` was built from the state at `mark` or later. An older mark than the
-    /// last snapshot's (a build that finished after an install) changes nothing.
-    pub fn built(&self, mark: u64, bytes: usize) {
+    /// A snapshot of `bytes` was built from the state at `mark` or later. A build that began
+    /// before an install and ended after it changes nothing: the installed snapshot is the last.
+    pub fn built(&self, mark: Mark, bytes: usize) {
         let mut last = self.last();
-        if mark >= last.at {
-            *last = Last { at: mark, bytes: bytes as u64 };
+        if mark.installs == last.installs {
+            *last = Last { at: mark.at, bytes: bytes as u64, installs: last.installs };
         }
     }
 
     /// A snapshot of `bytes` from the leader replaced the state.
     pub fn installed(&self, bytes: usize) {
-        *self.last() = Last { at: self.applied, bytes: bytes as u64 };
+        let mut last = self.last();
+        *last = Last { at: self.applied, bytes: bytes as u64, installs: last.installs + 1 };
     }
 }
 
@@ -98,10 +111,15 @@ mod tests {
 
         pace.installed(5_000);
         assert_eq!(pace.due(false), Err(5_000), "an installed snapshot counts as the last one");
-        // A build that began before the install and ended after it does not replace it.
+        // A build that began before the install and ended after it does not replace it, even
+        // with nothing applied between the two.
         builder.built(mark, 10);
         assert_eq!(pace.due(false), Err(5_000));
-        pace.applied(5_000);
+        let tied = pace.mark();
+        pace.installed(4_000);
+        pace.built(tied, 10);
+        assert_eq!(pace.due(false), Err(4_000));
+        pace.applied(4_000);
         assert_eq!(pace.due(false), Ok(()));
     }
 }

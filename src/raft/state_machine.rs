@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::blocking;
 use super::events::{self, EventReceiver, EventSender};
-use super::pace::Pace;
+use super::pace::{Mark, Pace};
 use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
@@ -268,7 +268,7 @@ pub struct SnapshotBuilder {
     built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     /// The state's mark when the builder was made, reported to `pace` with the snapshot's size.
-    mark: u64,
+    mark: Mark,
     pace: Pace,
 }
 

@@ -268,7 +268,11 @@ impl StateDb {
     /// read or write past it).
     pub(super) fn commit_held(&self) -> Result<MutexGuard<'_, Option<Held>>, StoreError> {
         let mut slot = self.hold.lock();
-        self.hold.commit(&mut slot)?;
+        if let Err(e) = self.hold.commit(&mut slot) {
+            // The held applies are lost (see `apply`): nothing may answer the rows they changed.
+            self.rows.clear();
+            return Err(e);
+        }
         Ok(slot)
     }
 
