@@ -13,8 +13,9 @@
 //! once sending every claim to the leader and once spreading them over all three nodes
 //! (followers forward to the leader). Every node's `/metrics` is scraped before and after each run
 //! to show how claims were folded into log entries and fsyncs (the leader's), how many context
-//! switches each claim cost and how many snapshots the nodes built, and each process's CPU time is read from `/proc` to print CPU
-//! microseconds per request on the leader, the two followers together and this loader.
+//! switches each claim cost and how many snapshots the nodes built, and each process's CPU time
+//! is read from `/proc` to print CPU microseconds per request on the leader, the two followers
+//! together and this loader.
 //!
 //! A publish phase follows: for each C, C tasks loop `POST /v1/devices/{id}/messages` with a small
 //! JSON body for the same duration, each task on its own device claimed during the claims phase

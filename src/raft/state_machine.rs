@@ -4,7 +4,6 @@
 //! [`ClusterView`] and of the apply [`Event`]s.
 
 use std::io::{self, Cursor};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::{Stream, TryStreamExt};
@@ -63,7 +62,6 @@ pub struct StateMachine {
     state: State,
     applied: Applied,
     view: watch::Sender<Arc<ClusterView>>,
-    snapshots_built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     events: EventSender,
     /// Told the cluster time of every applied state.
@@ -89,9 +87,8 @@ impl StateMachine {
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
         // No consumer until `events` is called: until then, events are dropped.
         let (events, _) = events::channel(0, 0);
-        let snapshots_built = Arc::default();
         let pace = Pace::default();
-        Ok((StateMachine { db, state, applied, view, snapshots_built, metrics, events, clock, me, pace }, rx))
+        Ok((StateMachine { db, state, applied, view, metrics, events, clock, me, pace }, rx))
     }
 
     /// The queue of what applies did (kicks, sweeps, deliveries) for its one consumer, which
@@ -203,7 +200,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
             db: self.db.clone(),
-            built: self.snapshots_built.clone(),
             metrics: self.metrics.clone(),
             mark: self.pace.mark(),
             pace: self.pace.clone(),
@@ -265,7 +261,6 @@ fn order(meta: &SnapshotMeta) -> u64 {
 /// Builds a snapshot from one read transaction while applies continue.
 pub struct SnapshotBuilder {
     db: StateDb,
-    built: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
     /// The state's mark when the builder was made, reported to `pace` with the snapshot's size.
     mark: Mark,
@@ -277,7 +272,6 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let db = self.db.clone();
-        self.built.fetch_add(1, Ordering::Relaxed);
         let (meta, data) = blocking("snapshot build", move || {
             let dump = db.dump()?;
             let applied: Applied = dump.applied.as_deref().map(decode).transpose()?.unwrap_or_default();

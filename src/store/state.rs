@@ -1,8 +1,8 @@
 //! `state.redb`: the applied state machine's tables (see `store::schema`). Applies commit
 //! without fsync (an apply that writes no table read elsewhere, such as a claim's or a release's,
-//! may leave its transaction open for the next: `store::held`), with the Raft adapter's applied meta in the same transaction, so a crash
-//! replays from the log; building or installing a snapshot commits durably, so the state on disk is never
-//! behind a purged log. An apply's transaction is [`StateTxn`] (`store::txn`). Callers run every
+//! may leave its transaction open for the next: `store::held`), with the Raft adapter's applied
+//! meta in the same transaction, so a crash replays from the log; building or installing a
+//! snapshot commits durably, so the state on disk is never behind a purged log. An apply's transaction is [`StateTxn`] (`store::txn`). Callers run every
 //! function here on the blocking pool.
 
 use std::collections::BTreeMap;
@@ -476,23 +476,28 @@ impl StateDb {
     /// is at least as new as any snapshot that lets openraft purge the log.
     pub fn save_snapshot(&self, order: u64, snapshot: &[u8]) -> Result<(), StoreError> {
         // The held applies (newer than the snapshot, which a dump read after committing them)
-        // become durable with it, committed first (a failed write of the snapshot must not take them along); no
-        // apply opens a transaction until this one committed (the slot stays locked).
-        let _slot = self.commit_held()?;
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
-        put_snapshot(&txn, order, snapshot, false)?;
-        txn.commit()?;
-        Ok(())
+        // become durable with it.
+        self.commit_durably(|txn| put_snapshot(txn, order, snapshot, false))
     }
 
     /// Makes every apply so far durable, committing what is held first, as a snapshot's save
     /// does without the snapshot: a crash then replays the log from here, and redb settles the
     /// pages that non-durable commits freed (it reuses them only after a durable commit).
     pub fn sync(&self) -> Result<(), StoreError> {
+        self.commit_durably(|_| Ok(()))
+    }
+
+    /// Commits what is held, then `write`s in a transaction of its own committed durably (so a
+    /// failed `write` never takes the held applies along); no apply opens a transaction until
+    /// this one committed (the slot stays locked).
+    fn commit_durably(
+        &self,
+        write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let _slot = self.commit_held()?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
+        write(&txn)?;
         txn.commit()?;
         Ok(())
     }
