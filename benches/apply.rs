@@ -145,16 +145,46 @@ fn timed_reference(per: usize, txns: usize, held: usize) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
+/// What a snapshot costs: seconds, bytes and memory of each step.
+struct SnapshotCost {
+    dump_s: f64,
+    save_s: f64,
+    install_s: f64,
+    bytes: usize,
+    /// The process's peak resident bytes over the dump and the save, less its resident bytes
+    /// before them (Linux: `VmHWM` after resetting it through `clear_refs`; 0 elsewhere).
+    build_peak_bytes: u64,
+}
+
+/// A line of `/proc/self/status` in bytes (0 where there is none).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or("");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024
+}
+
 /// Builds a snapshot of the machine's whole state as a node does (`StateDb::dump`, then
-/// `StateDb::save_snapshot` of its bytes): the seconds of each, and the snapshot's bytes.
+/// `StateDb::save_snapshot` of its bytes), then installs it into a fresh `state.redb` as a
+/// follower that receives it does (`StateDb::install`, which also rebuilds the route index and
+/// the row cache).
 #[inline(never)]
-fn timed_snapshot(m: &Machine) -> (f64, f64, usize) {
+fn timed_snapshot(m: &Machine) -> SnapshotCost {
+    // Resets the peak resident size to the current one (Linux 4.0+).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let before = status_bytes("VmRSS:");
     let t = Instant::now();
     let dump = m.db.dump().expect("dump");
-    let dumped = t.elapsed().as_secs_f64();
+    let dump_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    m.db.save_snapshot(1, &dump.data).expect("save_snapshot");
-    (dumped, t.elapsed().as_secs_f64(), dump.data.len())
+    m.db.save_snapshot(1, &[&dump.data]).expect("save_snapshot");
+    let save_s = t.elapsed().as_secs_f64();
+    let build_peak_bytes = status_bytes("VmHWM:").saturating_sub(before);
+    let into = dir();
+    let (fresh, _) = StateDb::open(into.path(), 64 << 20).expect("state.redb opens");
+    let applied = dump.applied.as_deref().unwrap_or_default();
+    let t = Instant::now();
+    fresh.install(&dump.data, applied, 1, &[&dump.data]).expect("install");
+    SnapshotCost { dump_s, save_s, install_s: t.elapsed().as_secs_f64(), bytes: dump.data.len(), build_peak_bytes }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -201,23 +231,30 @@ fn main() {
         }
     }
     // A snapshot of the whole state (`APPLY_BENCH_ONLY=snapshot` alone): what a node spends
-    // every time its log reaches the snapshot policy, in proportion to the devices it holds.
+    // every time its log reaches the snapshot policy, in proportion to the devices it holds, and
+    // what a follower that receives it spends installing it.
     let mut snapshot = serde_json::Value::Null;
     if only.as_deref().is_none_or(|o| o == "snapshot") {
-        let (mut dump, mut save, mut bytes) = (Vec::new(), Vec::new(), 0);
+        let (mut dump, mut save, mut install, mut peak, mut bytes) = (vec![], vec![], vec![], vec![], 0);
+        let per_device = |s: f64| s * 1e6 / held as f64;
         for _ in 0..rounds {
             let m = Machine::new(held);
-            let (d, s, b) = timed_snapshot(&m);
-            dump.push(d * 1e6 / held as f64);
-            save.push(s * 1e6 / held as f64);
-            bytes = b;
+            let cost = timed_snapshot(&m);
+            dump.push(per_device(cost.dump_s));
+            save.push(per_device(cost.save_s));
+            install.push(per_device(cost.install_s));
+            peak.push(cost.build_peak_bytes as f64);
+            bytes = cost.bytes;
         }
-        let (dump, save) = (median(dump), median(save));
+        let (dump, save, install, peak) = (median(dump), median(save), median(install), median(peak));
         println!(
-            "snapshot of {held} devices: dump {dump:.2} us a device, save {save:.2} us a device, {:.1} bytes a device",
-            bytes as f64 / held as f64
+            "snapshot of {held} devices: dump {dump:.2} us a device, save {save:.2} us a device, install {install:.2} us a device, {:.1} bytes a device; building it took {:.1} MB more resident memory ({:.2}x its bytes)",
+            bytes as f64 / held as f64,
+            peak / 1e6,
+            peak / bytes as f64
         );
-        snapshot = serde_json::json!({"devices": held, "dump_us_per_device": dump, "save_us_per_device": save, "bytes": bytes});
+        snapshot = serde_json::json!({"devices": held, "dump_us_per_device": dump, "save_us_per_device": save,
+            "install_us_per_device": install, "bytes": bytes, "build_peak_bytes": peak});
     }
     println!(
         "{}",

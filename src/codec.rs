@@ -20,6 +20,8 @@ pub enum CodecError {
     Encode(#[from] bincode::error::EncodeError),
     #[error("{0} trailing bytes after value")]
     Trailing(usize),
+    #[error("a length of {0} bytes runs past the end of the value")]
+    PastEnd(u64),
 }
 
 fn config() -> bincode::config::Configuration {
@@ -41,22 +43,114 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
 /// the node allocate a terabyte (an abort) or gigabytes; inputs over 64 MiB (a snapshot assembled
 /// from the leader's chunks) are not bounded.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    let body = versioned(bytes)?;
+    let (value, used) = decode_first(body)?;
+    if used != body.len() {
+        return Err(CodecError::Trailing(body.len() - used));
+    }
+    Ok(value)
+}
+
+/// The bytes after the version byte, if it is this build's.
+pub fn versioned(bytes: &[u8]) -> Result<&[u8], CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != VERSION {
         return Err(CodecError::Version(version));
     }
+    Ok(body)
+}
+
+/// The value at the start of `body` and the bytes it used, bounded as [`decode`] says.
+fn decode_first<T: DeserializeOwned>(body: &[u8]) -> Result<(T, usize), CodecError> {
     let c = config();
-    let (value, used) = match body.len() {
+    Ok(match body.len() {
         n if n <= 4 << 10 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 64 << 10 }>())?,
         n if n <= 64 << 10 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 1 << 20 }>())?,
         n if n <= 1 << 20 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 16 << 20 }>())?,
         n if n <= 64 << 20 => bincode::serde::decode_from_slice(body, c.with_limit::<{ 1 << 30 }>())?,
         _ => bincode::serde::decode_from_slice(body, c)?,
-    };
-    if used != body.len() {
-        return Err(CodecError::Trailing(body.len() - used));
+    })
+}
+
+/// Bulk bytes after a small head: the same bytes as `encode(&(head, bytes))`, written with one
+/// copy of `bytes` where serde would hand bincode a sequence one byte at a time (a snapshot is
+/// tens of megabytes). [`decode_with_bytes`] reads either.
+pub fn encode_with_bytes<T: Serialize + ?Sized>(head: &T, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
+    let mut out = head_for_bytes(head, bytes.len())?;
+    out.reserve_exact(bytes.len());
+    out.extend_from_slice(bytes);
+    Ok(out)
+}
+
+/// What [`encode_with_bytes`] writes before the bytes themselves, for a writer that copies those
+/// straight to where they go (`len` of them).
+pub fn head_for_bytes<T: Serialize + ?Sized>(head: &T, len: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = encode(head)?;
+    put_len(&mut out, len);
+    Ok(out)
+}
+
+/// Reads what [`encode_with_bytes`] (or `encode(&(head, bytes))`) wrote: the head, and the bytes
+/// borrowed from `bytes`; trailing bytes are refused as [`decode`] refuses them.
+pub fn decode_with_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8]), CodecError> {
+    let body = versioned(bytes)?;
+    let (head, used) = decode_first(body)?;
+    let mut rest = Reader::new(&body[used..]);
+    let tail = rest.next_bytes()?;
+    rest.finish()?;
+    Ok((head, tail))
+}
+
+/// Appends a length as bincode writes one before a string or a sequence.
+pub fn put_len(out: &mut Vec<u8>, len: usize) {
+    // A `Vec` takes every write; `usize` → `u64` is lossless on every target Rust supports here.
+    let _ = bincode::encode_into_std_write(len as u64, out, config());
+}
+
+/// Appends `bytes` as bincode writes a string or a `Vec<u8>`: its length, then the bytes.
+pub fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_len(out, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+/// Reads, without copying, what [`put_len`] and [`put_bytes`] wrote; a length past the end of
+/// the input is an error, never a panic or an allocation.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Reader { rest: bytes }
     }
-    Ok(value)
+
+    /// The input not read yet.
+    pub fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    pub fn next_len(&mut self) -> Result<u64, CodecError> {
+        let (len, used): (u64, usize) = bincode::decode_from_slice(self.rest, config())?;
+        self.rest = &self.rest[used..];
+        Ok(len)
+    }
+
+    pub fn next_bytes(&mut self) -> Result<&'a [u8], CodecError> {
+        let len = self.next_len()?;
+        let n = usize::try_from(len).ok().filter(|&n| n <= self.rest.len()).ok_or(CodecError::PastEnd(len))?;
+        let (bytes, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(bytes)
+    }
+
+    /// Refuses what is left, as [`decode`] refuses trailing bytes.
+    pub fn finish(&self) -> Result<(), CodecError> {
+        match self.rest.len() {
+            0 => Ok(()),
+            n => Err(CodecError::Trailing(n)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -76,6 +170,28 @@ mod tests {
         let mut long = bytes;
         long.push(0);
         assert!(matches!(decode::<(u64, String, Vec<u8>)>(&long), Err(CodecError::Trailing(1))));
+    }
+
+    #[test]
+    fn bulk_bytes_after_a_head_are_what_serde_writes_and_read_either_way() {
+        let head = (3u64, String::from("meta"));
+        for len in [0, 1, 250, 251, 65_535, 65_536, 1 << 20] {
+            let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let serde = encode(&(&head, &bytes)).unwrap();
+            assert_eq!(encode_with_bytes(&head, &bytes).unwrap(), serde, "{len} bytes");
+            let (h, b) = decode_with_bytes::<(u64, String)>(&serde).unwrap();
+            assert_eq!((h, b), (head.clone(), &bytes[..]));
+            let mut out = Vec::new();
+            put_bytes(&mut out, &bytes);
+            assert_eq!(out, serde[encode(&head).unwrap().len()..], "{len} bytes");
+        }
+        let good = encode_with_bytes(&head, b"abc").unwrap();
+        let mut long = good.clone();
+        long.push(0);
+        assert!(matches!(decode_with_bytes::<(u64, String)>(&long), Err(CodecError::Trailing(1))));
+        assert!(matches!(decode_with_bytes::<(u64, String)>(&good[..good.len() - 1]), Err(CodecError::PastEnd(3))));
+        let mut r = Reader::new(&[0xFD, 0, 0, 0, 0, 0, 0, 0, 0x80]);
+        assert!(matches!(r.next_bytes(), Err(CodecError::PastEnd(_))), "a length of 2^63 is an error");
     }
 
     #[test]

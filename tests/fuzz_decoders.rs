@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::b64;
 use gateway::cluster::ProposeError;
-use gateway::codec::{decode, encode, CodecError, VERSION};
+use gateway::codec::{decode, decode_with_bytes, encode, encode_with_bytes, CodecError, VERSION};
 use gateway::config::{
     Config, ConfigError, DeviceConfig, FileConfig, LogFormat, Start, Timing, MAX_DURATION_MS, MAX_PAYLOAD_LIMIT,
 };
@@ -585,12 +585,21 @@ fn decode_as<T: Serialize + DeserializeOwned + Debug>(bytes: &[u8]) -> Decoded {
     Ok((format!("{value:?}"), encode(&value).expect("a decoded value encodes")))
 }
 
+/// Decodes a whole snapshot as the cluster listener does (`raft::rpc`): the vote and meta, then
+/// the snapshot's bytes borrowed from the body (`codec::decode_with_bytes`).
+fn decode_snapshot(bytes: &[u8]) -> Decoded {
+    let ((vote, meta), data): ((Vote, SnapshotMeta), &[u8]) = decode_with_bytes(bytes)?;
+    let again = encode_with_bytes(&(&vote, &meta), data).expect("a decoded snapshot encodes");
+    let value: SnapshotBody = (vote, meta, data.to_vec());
+    Ok((format!("{value:?}"), again))
+}
+
 const DECODERS: [fn(&[u8]) -> Decoded; 8] = [
     decode_as::<Vec<Command>>,
     decode_as::<Vec<Result<Reply, ProposeError>>>,
     decode_as::<AppendEntriesRequest<TypeConfig>>,
     decode_as::<VoteRequest<TypeConfig>>,
-    decode_as::<SnapshotBody>,
+    decode_snapshot,
     decode_as::<AppendReply>,
     decode_as::<VoteReply>,
     decode_as::<SnapshotReply>,

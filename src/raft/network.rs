@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use super::stream::{self, Link};
 use super::types::{Snapshot, SnapshotData, TypeConfig, Vote};
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, encode_with_bytes};
 use crate::http::{excerpt, HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
 
@@ -229,7 +229,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let body = encode(&(vote, &snapshot.meta, snapshot.snapshot.get_ref()))
+        let body = encode_with_bytes(&(vote, &snapshot.meta), snapshot.snapshot.get_ref())
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         if body.len() > MAX_RPC_BYTES {
             let msg = Msg(format!("a snapshot of {} bytes is over the {MAX_RPC_BYTES}-byte RPC limit", body.len()));

@@ -2,7 +2,7 @@
 //! local Raft instance and encodes its answer (the remote `RaftError` included, so the sender's
 //! network maps it to `RPCError::RemoteError`). The cluster listener routes `/raft/*` here.
 
-use crate::codec::{decode, encode, CodecError};
+use crate::codec::{decode, decode_with_bytes, encode, CodecError};
 
 use openraft::error::RaftError;
 
@@ -33,8 +33,9 @@ pub async fn serve(raft: &Raft, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, R
         RpcKind::Append => encode(&raft.append_entries(decode(body).map_err(RpcError::BadRequest)?).await),
         RpcKind::Vote => encode(&raft.vote(decode(body).map_err(RpcError::BadRequest)?).await),
         RpcKind::Snapshot => {
-            let (vote, meta, data): (Vote, SnapshotMeta, Vec<u8>) = decode(body).map_err(RpcError::BadRequest)?;
-            let snapshot = Snapshot { meta, snapshot: std::io::Cursor::new(data) };
+            let ((vote, meta), data): ((Vote, SnapshotMeta), &[u8]) =
+                decode_with_bytes(body).map_err(RpcError::BadRequest)?;
+            let snapshot = Snapshot { meta, snapshot: std::io::Cursor::new(data.to_vec()) };
             let res = raft.install_full_snapshot(vote, snapshot).await.map_err(RaftError::<TypeConfig>::Fatal);
             encode(&res)
         }

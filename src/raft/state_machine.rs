@@ -17,7 +17,7 @@ use super::events::{self, EventReceiver, EventSender};
 use super::pace::{Mark, Pace};
 use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::clock::ClusterClock;
-use crate::codec::{decode, encode};
+use crate::codec::{decode, decode_with_bytes, encode, head_for_bytes};
 use crate::machine::{self, Event, Input, State};
 use crate::metrics::Metrics;
 use crate::store::state::{Loaded, StateDb};
@@ -211,8 +211,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let stored_len = data.len();
         let (state, applied) = blocking("snapshot install", move || {
             let applied = Applied { last_applied: smeta.last_log_id, membership: smeta.last_membership.clone() };
-            let stored = encode(&(&smeta, &data))?;
-            restore(db.install(&data, &encode(&applied)?, order(&smeta), &stored)?)
+            let head = head_for_bytes(&smeta, data.len())?;
+            restore(db.install(&data, &encode(&applied)?, order(&smeta), &[&head, &data])?)
         })
         .await?;
         self.pace.installed(stored_len);
@@ -246,10 +246,14 @@ struct SnapshotMetaV09 {
 /// A stored snapshot (its meta and data), in either layout. The layouts cannot be confused: the
 /// 0.9 one read as the current one always leaves its data behind as trailing bytes.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotMeta, Vec<u8>), crate::codec::CodecError> {
-    decode::<(SnapshotMeta, Vec<u8>)>(bytes).or_else(|e| match decode::<(SnapshotMetaV09, Vec<u8>)>(bytes) {
-        Ok((m, data)) => Ok((SnapshotMeta { last_log_id: m.last_log_id, last_membership: m.last_membership }, data)),
-        Err(_) => Err(e),
-    })
+    let (meta, data) =
+        decode_with_bytes::<SnapshotMeta>(bytes).or_else(|e| match decode_with_bytes::<SnapshotMetaV09>(bytes) {
+            Ok((m, data)) => {
+                Ok((SnapshotMeta { last_log_id: m.last_log_id, last_membership: m.last_membership }, data))
+            }
+            Err(_) => Err(e),
+        })?;
+    Ok((meta, data.to_vec()))
 }
 
 /// Snapshots are ordered by the index they were taken at (committed log ids with one index are
@@ -276,7 +280,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let dump = db.dump()?;
             let applied: Applied = dump.applied.as_deref().map(decode).transpose()?.unwrap_or_default();
             let smeta = SnapshotMeta { last_log_id: applied.last_applied, last_membership: applied.membership };
-            db.save_snapshot(order(&smeta), &encode(&(&smeta, &dump.data))?)?;
+            db.save_snapshot(order(&smeta), &[&head_for_bytes(&smeta, dump.data.len())?, &dump.data])?;
             Ok((smeta, dump.data))
         })
         .await?;

@@ -72,7 +72,7 @@ fn a_dump_a_snapshot_save_and_the_close_commit_what_is_held() {
 
     sm.one(testkit::claim("d2", 1, 8, 0, 1));
     assert!(held(&db));
-    db.save_snapshot(1, b"snapshot").unwrap();
+    db.save_snapshot(1, &[b"snapshot"]).unwrap();
     assert!(!held(&db) && committed(&db, "d2"), "a snapshot's durable commit takes the held applies");
 
     sm.one(testkit::claim("d3", 1, 9, 0, 1));

@@ -88,6 +88,7 @@ impl RouteIndex {
     }
 
     /// Every (node, device) pair, in order.
+    #[cfg(test)]
     pub(super) fn pairs(&self) -> impl Iterator<Item = (NodeId, &str)> {
         self.by_node.iter().flat_map(|(node, devices)| {
             let mut sorted: Vec<&str> = devices.iter().map(|d| &**d).collect();

@@ -10,6 +10,7 @@ mod log_redb;
 mod rows;
 mod schema;
 mod segment;
+mod snapshot;
 pub mod state;
 mod txn;
 

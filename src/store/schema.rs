@@ -3,7 +3,9 @@
 //! not in [`STATE_TABLES`] would be lost on the first snapshot: `store::tests` fails if one is
 //! opened outside it.
 
-use redb::{Key, ReadTransaction, ReadableTable, TableDefinition, TableHandle, Value, WriteTransaction};
+use redb::{
+    Key, ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle, Value, WriteTransaction,
+};
 
 use super::StoreError;
 
@@ -70,12 +72,20 @@ pub(super) trait RawTable: Sync {
     fn name(&self) -> &str;
     /// Creates the table if it does not exist.
     fn create(&self, txn: &WriteTransaction) -> Result<(), StoreError>;
-    fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError>;
-    /// [`RawTable::rows`] read in a write transaction (creating the table if it is missing).
+    /// Every row, copied, read in a write transaction (creating the table if it is missing).
     fn rows_in(&self, txn: &WriteTransaction) -> Result<Rows, StoreError>;
+    /// How many rows the table holds (redb keeps the count: no scan).
+    fn len(&self, txn: &ReadTransaction) -> Result<u64, StoreError>;
+    /// Hands every row's key and value bytes to `each`, in key order, without copying them.
+    fn each_row(&self, txn: &ReadTransaction, each: &mut RowFn<'_>) -> Result<(), StoreError>;
     /// Replaces every row with `rows`.
-    fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError>;
+    fn replace<'a>(&self, txn: &WriteTransaction, rows: &mut RowIter<'a, '_>) -> Result<(), StoreError>;
 }
+
+/// What [`RawTable::each_row`] calls with each row.
+pub(super) type RowFn<'f> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'f;
+/// Rows as [`RawTable::replace`] takes them: borrowed key and value bytes.
+pub(super) type RowIter<'a, 'i> = dyn Iterator<Item = Result<(&'a [u8], &'a [u8]), StoreError>> + 'i;
 
 impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefinition<'static, K, V> {
     fn name(&self) -> &str {
@@ -87,18 +97,27 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefin
         Ok(())
     }
 
-    fn rows(&self, txn: &ReadTransaction) -> Result<Rows, StoreError> {
-        raw_rows(&txn.open_table(*self)?)
-    }
-
     fn rows_in(&self, txn: &WriteTransaction) -> Result<Rows, StoreError> {
         raw_rows(&txn.open_table(*self)?)
     }
 
-    fn replace(&self, txn: &WriteTransaction, rows: &Rows) -> Result<(), StoreError> {
+    fn len(&self, txn: &ReadTransaction) -> Result<u64, StoreError> {
+        Ok(txn.open_table(*self)?.len()?)
+    }
+
+    fn each_row(&self, txn: &ReadTransaction, each: &mut RowFn<'_>) -> Result<(), StoreError> {
+        for row in txn.open_table(*self)?.iter()? {
+            let (k, v) = row?;
+            each(K::as_bytes(&k.value()).as_ref(), V::as_bytes(&v.value()).as_ref())?;
+        }
+        Ok(())
+    }
+
+    fn replace<'a>(&self, txn: &WriteTransaction, rows: &mut RowIter<'a, '_>) -> Result<(), StoreError> {
         txn.delete_table(*self)?;
         let mut table = txn.open_table(*self)?;
-        for (k, v) in rows {
+        for row in rows {
+            let (k, v) = row?;
             table.insert(K::from_bytes(k), V::from_bytes(v))?;
         }
         Ok(())

@@ -22,12 +22,11 @@ use super::schema::{
     RawTable, Rows, CLUSTER_EVENTS, DEVICES, HEADS, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES, META, NODES, NODE_ROUTES,
     SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
 };
+use super::snapshot::{self, Section};
 pub use super::txn::StateTxn;
 use super::StoreError;
-use crate::codec::{decode, encode};
-use crate::machine::{
-    ClusterEvent, Entry, Floor, Head, Message, NodeId, NodeLease, Route, State, StreamRead, TenantRow,
-};
+use crate::codec::{decode, decode_with_bytes, encode, head_for_bytes};
+use crate::machine::{ClusterEvent, Entry, Floor, Head, Message, NodeLease, Route, State, StreamRead, TenantRow};
 
 /// The layout of this file, written when it is created: a file of another layout is migrated
 /// (from 2 or 3) or refused with a clear error, never misread. 2: the table registry
@@ -58,12 +57,6 @@ const CURRENT_SNAPSHOT: &str = "current";
 pub struct Loaded {
     pub state: State,
     pub applied: Option<Vec<u8>>,
-}
-
-/// A snapshot's data: every registered table's rows, by table name.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct SnapshotBody {
-    tables: Vec<(String, Rows)>,
 }
 
 /// The whole state from one read transaction, and the applied meta it was read at.
@@ -393,41 +386,24 @@ impl StateDb {
         Ok(out)
     }
 
-    /// Serializes every registered table from one read transaction (applies may run concurrently).
+    /// Serializes every registered table from one read transaction (applies may run concurrently;
+    /// see `store::snapshot`).
     pub fn dump(&self) -> Result<Dump, StoreError> {
         drop(self.commit_held()?);
         let txn = self.db.begin_read()?;
         let applied = txn.open_table(META)?.get(APPLIED)?.map(|v| v.value().to_vec());
-        let mut body = SnapshotBody::default();
-        for t in STATE_TABLES {
-            body.tables.push((t.name().to_string(), t.rows(&txn)?));
-        }
-        // What layout 3 stored (so that a node not yet upgraded installs this snapshot as it
-        // would its own): the route index as a table, and each lease row's route count.
-        let index = RouteIndex::build(&txn.open_table(DEVICES)?, |_, _| {})?;
-        for (name, rows) in &mut body.tables {
-            if name == TableHandle::name(&NODES) {
-                for (k, v) in rows.iter_mut() {
-                    let node = <NodeId as redb::Value>::from_bytes(k);
-                    *v = encode(&NodeLease { routes: index.count(node), ..decode(v)? })?;
-                }
-            }
-        }
-        let pairs = index.pairs().map(|pair| (<(NodeId, &str) as redb::Value>::as_bytes(&pair), Vec::new()));
-        body.tables.push((TableHandle::name(&NODE_ROUTES).to_string(), pairs.collect()));
-        Ok(Dump { applied, data: encode(&body)? })
+        Ok(Dump { applied, data: snapshot::write(&txn)? })
     }
 
-    /// Replaces the whole state with a snapshot's `data`, recorded as applied at `applied`, and
-    /// keeps the snapshot itself (`order`, `snapshot`) as the current one — durably, in one
-    /// transaction.
-    pub fn install(&self, data: &[u8], applied: &[u8], order: u64, snapshot: &[u8]) -> Result<Loaded, StoreError> {
-        let body: SnapshotBody = decode(data)?;
+    /// Replaces the whole state with a snapshot's `data` (read in place: `store::snapshot`),
+    /// recorded as applied at `applied`, and keeps the snapshot itself (at `order`; its bytes are
+    /// `snapshot`'s parts, in order) as the current one — durably, in one transaction.
+    pub fn install(&self, data: &[u8], applied: &[u8], order: u64, snapshot: &[&[u8]]) -> Result<Loaded, StoreError> {
         let (legacy_routes, legacy_floors) = (TableHandle::name(&LEGACY_ROUTES), TableHandle::name(&LEGACY_FLOORS));
         let node_routes = TableHandle::name(&NODE_ROUTES);
-        let mut tables: BTreeMap<&str, &Rows> = BTreeMap::new();
-        for (name, rows) in &body.tables {
-            let known = [legacy_routes, legacy_floors, node_routes].contains(&name.as_str());
+        let mut tables: BTreeMap<&str, Section> = BTreeMap::new();
+        for (name, rows) in snapshot::read(data)? {
+            let known = [legacy_routes, legacy_floors, node_routes].contains(&name);
             if !known && !STATE_TABLES.iter().any(|t| t.name() == name) {
                 return Err(StoreError::Corrupt(format!("the snapshot carries table {name:?}, unknown to this build")));
             }
@@ -438,20 +414,21 @@ impl StateDb {
         // The route index is rebuilt from the device rows (`load`); so are the route counts.
         tables.remove(node_routes);
         let leases = TableHandle::name(&NODES);
-        let stored_leases = stored_leases(tables.get(leases).copied().unwrap_or(&Rows::new()))?;
-        tables.insert(leases, &stored_leases);
+        let stored_leases = match tables.remove(leases) {
+            Some(rows) => stored_leases(&rows.to_rows()?)?,
+            None => Rows::new(),
+        };
         // A snapshot of layout 2 (sent by a node not yet upgraded) keeps routes and floors apart.
-        let none = Rows::new();
-        let merged;
+        let mut merged = None;
         if tables.contains_key(legacy_routes) || tables.contains_key(legacy_floors) {
             let devices = TableHandle::name(&DEVICES);
             if tables.contains_key(devices) {
                 let msg = format!("the snapshot carries table {devices:?} and the tables it replaced");
                 return Err(StoreError::Corrupt(msg));
             }
-            let routes = tables.remove(legacy_routes).unwrap_or(&none);
-            merged = merge_legacy(routes, tables.remove(legacy_floors).unwrap_or(&none))?;
-            tables.insert(devices, &merged);
+            let mut take = |name| tables.remove(name).map(Section::to_rows).transpose().map(Option::unwrap_or_default);
+            let (routes, floors) = (take(legacy_routes)?, take(legacy_floors)?);
+            merged = Some(merge_legacy(&routes, &floors)?);
         }
         // No apply opens a transaction until this one committed (the slot stays locked); the
         // held one commits first, since only one writes at a time.
@@ -461,7 +438,16 @@ impl StateDb {
         // No row of the replaced state may answer after the commit; `load` refills the cache.
         self.rows.clear();
         for t in STATE_TABLES {
-            t.replace(&txn, tables.get(t.name()).copied().unwrap_or(&none))?;
+            let name = t.name();
+            if name == leases {
+                t.replace(&txn, &mut snapshot::owned_rows(&stored_leases))?;
+            } else if let Some(merged) = merged.as_ref().filter(|_| name == TableHandle::name(&DEVICES)) {
+                t.replace(&txn, &mut snapshot::owned_rows(merged))?;
+            } else if let Some(rows) = tables.get(name) {
+                t.replace(&txn, &mut rows.rows())?;
+            } else {
+                t.replace(&txn, &mut std::iter::empty())?;
+            }
         }
         txn.open_table(META)?.insert(APPLIED, applied)?;
         put_snapshot(&txn, order, snapshot, true)?;
@@ -470,11 +456,12 @@ impl StateDb {
         self.load()
     }
 
-    /// Stores a built snapshot durably unless a newer one (by `order`) is stored: a build runs
-    /// beside applies and installs, and an install may have stored a newer one meanwhile. The
-    /// `Immediate` commit also makes every earlier non-durable apply durable, so the state on disk
-    /// is at least as new as any snapshot that lets openraft purge the log.
-    pub fn save_snapshot(&self, order: u64, snapshot: &[u8]) -> Result<(), StoreError> {
+    /// Stores a built snapshot (its bytes: `snapshot`'s parts, in order) durably unless a newer
+    /// one (by `order`) is stored: a build runs beside applies and installs, and an install may
+    /// have stored a newer one meanwhile. The `Immediate` commit also makes every earlier
+    /// non-durable apply durable, so the state on disk is at least as new as any snapshot that
+    /// lets openraft purge the log.
+    pub fn save_snapshot(&self, order: u64, snapshot: &[&[u8]]) -> Result<(), StoreError> {
         // The held applies (newer than the snapshot, which a dump read after committing them)
         // become durable with it.
         self.commit_durably(|txn| put_snapshot(txn, order, snapshot, false))
@@ -505,8 +492,8 @@ impl StateDb {
     /// The current snapshot, as stored by [`StateDb::save_snapshot`] or [`StateDb::install`].
     pub fn load_snapshot(&self) -> Result<Option<Vec<u8>>, StoreError> {
         let txn = self.db.begin_read()?;
-        let stored: Option<(u64, Vec<u8>)> = get(&txn.open_table(SNAPSHOT)?, CURRENT_SNAPSHOT)?;
-        Ok(stored.map(|(_, s)| s))
+        let stored = txn.open_table(SNAPSHOT)?.get(CURRENT_SNAPSHOT)?;
+        Ok(stored.map(|v| decode_with_bytes::<u64>(v.value()).map(|(_, s)| s.to_vec())).transpose()?)
     }
 }
 
@@ -516,13 +503,13 @@ impl StateDb {
 fn migrate(txn: &WriteTransaction, from: u32) -> Result<(), StoreError> {
     if from == 2 {
         let merged = merge_legacy(&LEGACY_ROUTES.rows_in(txn)?, &LEGACY_FLOORS.rows_in(txn)?)?;
-        RawTable::replace(&DEVICES, txn, &merged)?;
+        RawTable::replace(&DEVICES, txn, &mut snapshot::owned_rows(&merged))?;
         txn.delete_table(LEGACY_ROUTES)?;
         txn.delete_table(LEGACY_FLOORS)?;
     }
     txn.delete_table(NODE_ROUTES)?;
     let leases = stored_leases(&RawTable::rows_in(&NODES, txn)?)?;
-    RawTable::replace(&NODES, txn, &leases)?;
+    RawTable::replace(&NODES, txn, &mut snapshot::owned_rows(&leases))?;
     txn.open_table(META)?.insert(FORMAT, encode(&STATE_FORMAT)?.as_slice())?;
     Ok(())
 }
@@ -539,11 +526,20 @@ pub(super) fn stored_lease(lease: &NodeLease) -> NodeLease {
     NodeLease { routes: 0, ..lease.clone() }
 }
 
-fn put_snapshot(txn: &WriteTransaction, order: u64, snapshot: &[u8], replace: bool) -> Result<(), StoreError> {
+/// Stores `snapshot` (its bytes in `parts`, in order) as the current one, unless `replace` is
+/// false and a newer one is stored; written straight into redb's page (tens of megabytes).
+fn put_snapshot(txn: &WriteTransaction, order: u64, parts: &[&[u8]], replace: bool) -> Result<(), StoreError> {
     let mut t = txn.open_table(SNAPSHOT)?;
-    let stored: Option<(u64, Vec<u8>)> = get(&t, CURRENT_SNAPSHOT)?;
-    if replace || stored.is_none_or(|(o, _)| o < order) {
-        t.insert(CURRENT_SNAPSHOT, encode(&(order, snapshot))?.as_slice())?;
+    let stored = t.get(CURRENT_SNAPSHOT)?.map(|v| decode_with_bytes::<u64>(v.value()).map(|(o, _)| o)).transpose()?;
+    if replace || stored.is_none_or(|o| o < order) {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let head = head_for_bytes(&order, len)?;
+        let mut value = t.insert_reserve(CURRENT_SNAPSHOT, head.len() + len)?;
+        let mut at = 0;
+        for part in std::iter::once(&head[..]).chain(parts.iter().copied()) {
+            value.as_mut()[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
     }
     Ok(())
 }

@@ -160,7 +160,7 @@ impl Backend for RedbBackend {
         let dump = from.db.dump().unwrap();
         let applied = dump.applied.expect("something was applied");
         let (index, ..): Applied = decode(&applied).unwrap();
-        restore(self.db.install(&dump.data, &applied, index, b"snapshot").unwrap())
+        restore(self.db.install(&dump.data, &applied, index, &[b"snapshot"]).unwrap())
     }
 }
 
@@ -192,11 +192,27 @@ fn populated() -> Sm<RedbBackend> {
     sm
 }
 
+/// A snapshot's data as bincode's serde encoding sees it: what every build since layout 2 sends
+/// and reads, and the reference `store::snapshot` writes byte for byte.
+#[derive(serde::Deserialize, serde::Serialize)]
+struct Body {
+    tables: Vec<(String, Rows)>,
+}
+
 /// Every registered table's rows as committed, after committing what is held (as a dump does).
 fn rows(db: &StateDb) -> BTreeMap<String, Rows> {
     drop(db.commit_held().unwrap());
     let txn = db.db.begin_read().unwrap();
-    STATE_TABLES.iter().map(|t| (t.name().to_string(), t.rows(&txn).unwrap())).collect()
+    let copy = |t: &dyn crate::store::schema::RawTable| {
+        let mut rows = Rows::new();
+        t.each_row(&txn, &mut |k, v| {
+            rows.push((k.to_vec(), v.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        rows
+    };
+    STATE_TABLES.iter().map(|&t| (t.name().to_string(), copy(t))).collect()
 }
 
 /// The registry is the whole state: every table the database holds (but the stored snapshot)
@@ -257,16 +273,12 @@ fn a_state_file_of_another_layout_is_refused() {
 
 #[test]
 fn install_refuses_a_snapshot_with_an_unknown_or_repeated_table() {
-    #[derive(serde::Serialize)]
-    struct Body {
-        tables: Vec<(String, Rows)>,
-    }
     let sm = populated();
     let fresh = RedbBackend::fresh();
     let install = |extra: (String, Rows)| {
         let mut tables: Vec<(String, Rows)> = rows(&sm.b.db).into_iter().collect();
         tables.push(extra);
-        fresh.db.install(&encode(&Body { tables }).unwrap(), b"applied", 1, b"snapshot").unwrap_err().to_string()
+        fresh.db.install(&encode(&Body { tables }).unwrap(), b"applied", 1, &[b"snapshot"]).unwrap_err().to_string()
     };
     let err = install(("from_a_newer_build".into(), vec![(b"k".to_vec(), b"v".to_vec())]));
     assert!(err.contains("from_a_newer_build"), "{err}");
@@ -297,10 +309,6 @@ fn legacy_rows(sm: &Sm<RedbBackend>) -> (Rows, Rows) {
 /// own): it installs as the same state, and the cluster goes on from it.
 #[test]
 fn install_reads_a_snapshot_of_layout_2() {
-    #[derive(serde::Serialize)]
-    struct Body {
-        tables: Vec<(String, Rows)>,
-    }
     let mut sm = populated();
     let (routes, floors) = legacy_rows(&sm);
     assert!(!routes.is_empty() && !floors.is_empty());
@@ -314,7 +322,7 @@ fn install_reads_a_snapshot_of_layout_2() {
     let dump = sm.b.db.dump().unwrap();
     let applied = dump.applied.unwrap();
     let mut copy = Sm::<RedbBackend>::empty();
-    let state = restore(copy.b.db.install(&encode(&Body { tables }).unwrap(), &applied, 9, b"snapshot").unwrap());
+    let state = restore(copy.b.db.install(&encode(&Body { tables }).unwrap(), &applied, 9, &[b"snapshot"]).unwrap());
     (copy.index, copy.term) = (sm.index, sm.term);
     assert_eq!(rows(&copy.b.db), rows(&sm.b.db));
     assert_eq!(state, sm.state);
@@ -421,10 +429,6 @@ fn a_state_file_of_layout_2_or_3_is_migrated() {
 /// routes from the device rows, as it does on open.
 #[test]
 fn a_snapshot_carries_the_route_index_as_layout_3_stored_it() {
-    #[derive(serde::Deserialize, serde::Serialize)]
-    struct Body {
-        tables: Vec<(String, Rows)>,
-    }
     let sm = populated();
     let dump = sm.b.db.dump().unwrap();
     let mut body: Body = decode(&dump.data).unwrap();
@@ -450,19 +454,80 @@ fn a_snapshot_carries_the_route_index_as_layout_3_stored_it() {
     }
     let applied = dump.applied.unwrap();
     let copy = Sm::<RedbBackend>::empty();
-    let state = restore(copy.b.db.install(&encode(&body).unwrap(), &applied, 9, b"snapshot").unwrap());
+    let state = restore(copy.b.db.install(&encode(&body).unwrap(), &applied, 9, &[b"snapshot"]).unwrap());
     assert_eq!(state, sm.state);
     assert_eq!(rows(&copy.b.db), rows(&sm.b.db));
     assert_eq!(copy.b.dump(), sm.b.dump());
 }
 
+/// The snapshot written straight from the tables (`store::snapshot`) is, byte for byte, what
+/// bincode makes of every table's rows, the lease route counts and layout 3's route index (the
+/// encoding every earlier build sends and reads): counts and lengths past one byte's varint
+/// (over 250 rows and keys), several nodes, released routes and floors alone included.
+#[test]
+fn a_snapshot_is_byte_for_byte_the_bincode_of_its_tables() {
+    let mut sm = populated();
+    sm.entry(vec![testkit::renew(2, 0, 1 << 40), testkit::renew(3, 0, 1 << 40)]);
+    let long = "l".repeat(300);
+    let mut claims: Vec<_> = (0..600).map(|i| testkit::claim(&format!("dev-{i:04}"), 1 + i % 3, i, 0, 1)).collect();
+    claims.push(testkit::claim(&long, 3, 9, 0, 1));
+    sm.entry(claims);
+    sm.entry((0..600).step_by(7).map(|i| machine::Release { device: format!("dev-{i:04}"), conn: i }.into()).collect());
+    let dump = sm.b.db.dump().unwrap();
+    let mut tables: Vec<(String, Rows)> = Vec::new();
+    let index = sm.b.db.index.lock().unwrap();
+    let all = rows(&sm.b.db);
+    for t in STATE_TABLES {
+        let mut rows = all[t.name()].clone();
+        if t.name() == TableHandle::name(&NODES) {
+            for (k, v) in &mut rows {
+                let lease: NodeLease = decode(v).unwrap();
+                *v = encode(&NodeLease { routes: index.count(<NodeId as redb::Value>::from_bytes(k)), ..lease })
+                    .unwrap();
+            }
+        }
+        tables.push((t.name().to_string(), rows));
+    }
+    let pairs = index.pairs().map(|pair| (<(NodeId, &str) as redb::Value>::as_bytes(&pair), Vec::new()));
+    tables.push((TableHandle::name(&NODE_ROUTES).to_string(), pairs.collect()));
+    assert!(tables[0].1.len() > 600 && tables.last().unwrap().1.len() > 500, "the counts take several bytes");
+    assert_eq!(dump.data, encode(&Body { tables }).unwrap());
+}
+
+/// A snapshot cut short, with a length past its end, trailing bytes or a table name that is not
+/// UTF-8 is refused with an error, and the state it would have replaced stays.
+#[test]
+fn install_refuses_a_damaged_snapshot_and_keeps_the_state() {
+    let sm = populated();
+    let dump = sm.b.db.dump().unwrap();
+    let applied = dump.applied.unwrap();
+    let copy = Sm::<RedbBackend>::empty();
+    let before = rows(&copy.b.db);
+    let data = &dump.data;
+    let mut long = data.clone();
+    long.push(0);
+    // One table whose name claims 10,000 bytes (a varint marked 0xFB: two bytes follow).
+    let past = [&[crate::codec::VERSION, 1, 0xFB, 0x10, 0x27][..], b"devices"].concat();
+    let mut not_utf8 = data.clone();
+    not_utf8[3] = 0xFF;
+    for (what, bad) in [("cut", &data[..data.len() / 2]), ("long", &long), ("past", &past), ("not utf-8", &not_utf8)] {
+        let err = copy.b.db.install(bad, &applied, 9, &[b"snapshot"]).unwrap_err().to_string();
+        assert!(!err.is_empty(), "{what}");
+        if what == "past" {
+            assert!(err.contains("10000 bytes runs past the end"), "{err}");
+        }
+        assert_eq!(rows(&copy.b.db), before, "{what}: nothing was replaced");
+    }
+    assert_eq!(copy.b.db.load_snapshot().unwrap(), None);
+}
+
 #[test]
 fn a_built_snapshot_never_replaces_a_newer_one() {
     let b = RedbBackend::fresh();
-    b.db.save_snapshot(5, b"five").unwrap();
-    b.db.save_snapshot(3, b"three").unwrap();
+    b.db.save_snapshot(5, &[b"five"]).unwrap();
+    b.db.save_snapshot(3, &[b"three"]).unwrap();
     assert_eq!(b.db.load_snapshot().unwrap().as_deref(), Some(&b"five"[..]));
-    b.db.save_snapshot(6, b"six").unwrap();
+    b.db.save_snapshot(6, &[b"six"]).unwrap();
     assert_eq!(b.db.load_snapshot().unwrap().as_deref(), Some(&b"six"[..]));
 }
 
