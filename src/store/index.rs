@@ -38,20 +38,30 @@ pub(super) struct RouteIndex {
 
 impl RouteIndex {
     /// The index of every route in `devices` (one scan), handing each row to `each` as well.
+    /// The routes are gathered first (24 bytes each until the end) and each node's set is made
+    /// at its size: grown one insert at a time, the routes were hashed again at every doubling
+    /// (a quarter of an open's time at a million devices, in a profile of the apply bench).
     pub(super) fn build(
         devices: &impl ReadableTable<&'static str, &'static [u8]>,
         mut each: impl FnMut(&str, DeviceRow),
     ) -> Result<Self, StoreError> {
-        let mut index = RouteIndex::default();
+        let mut routes: Vec<(NodeId, Box<str>)> = Vec::new();
+        let mut counts: BTreeMap<NodeId, usize> = BTreeMap::new();
         for row in devices.iter()? {
             let (k, v) = row?;
             let row: DeviceRow = decode(v.value())?;
             if let Some(route) = &row.route {
-                index.by_node.entry(route.node).or_default().insert(k.value().into());
+                routes.push((route.node, k.value().into()));
+                *counts.entry(route.node).or_default() += 1;
             }
             each(k.value(), row);
         }
-        Ok(index)
+        let mut by_node: BTreeMap<NodeId, HashSet<Box<str>>> =
+            counts.into_iter().map(|(node, n)| (node, HashSet::with_capacity(n))).collect();
+        for (node, device) in routes {
+            by_node.entry(node).or_default().insert(device);
+        }
+        Ok(RouteIndex { by_node })
     }
 
     /// How many routes name `node`.

@@ -43,6 +43,11 @@ pub(super) fn write(txn: &ReadTransaction) -> Result<Vec<u8>, StoreError> {
             })?;
         } else if t.name() == TableHandle::name(&NODES) {
             // `devices` comes first in the registry: every route is counted by now.
+            debug_assert_eq!(
+                STATE_TABLES[0].name(),
+                TableHandle::name(&DEVICES),
+                "the lease counts need the devices first"
+            );
             t.each_row(txn, &mut |k, v| {
                 let node = <NodeId as redb::Value>::from_bytes(k);
                 let routes = counts.get(&node).copied().unwrap_or(0);
@@ -104,8 +109,11 @@ impl<'a> Section<'a> {
 pub(super) fn read(data: &[u8]) -> Result<Vec<(&str, Section<'_>)>, StoreError> {
     let mut r = Reader::new(codec::versioned(data)?);
     let tables = r.next_len()?;
-    // Every table takes at least two bytes, so the list is bounded by the input, whatever the
-    // count claims.
+    // No build knows more tables than the registry and the three of older layouts (a name may
+    // not repeat): a larger count is refused before anything is read.
+    if tables > STATE_TABLES.len() as u64 + 3 {
+        return Err(StoreError::Corrupt(format!("the snapshot claims {tables} tables")));
+    }
     let mut out = Vec::new();
     for _ in 0..tables {
         let name = std::str::from_utf8(r.next_bytes()?)

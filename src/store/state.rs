@@ -177,7 +177,13 @@ impl StateDb {
         let mut held = self.index();
         let txn = self.db.begin_read()?;
         self.rows.clear();
-        let index = RouteIndex::build(&txn.open_table(DEVICES)?, |device, row| self.rows.put(device, row.split()))?;
+        let mut room = self.rows.budget();
+        let index = RouteIndex::build(&txn.open_table(DEVICES)?, |device, row| {
+            if let Some(left) = room.checked_sub(RowCache::weight_of(device)) {
+                room = left;
+                self.rows.put(device, row.split());
+            }
+        })?;
         let meta = txn.open_table(META)?;
         let get = |k: &str| -> Result<Option<Vec<u8>>, StoreError> { Ok(meta.get(k)?.map(|v| v.value().to_vec())) };
         let mut nodes = BTreeMap::new();
@@ -527,11 +533,15 @@ pub(super) fn stored_lease(lease: &NodeLease) -> NodeLease {
 }
 
 /// Stores `snapshot` (its bytes in `parts`, in order) as the current one, unless `replace` is
-/// false and a newer one is stored; written straight into redb's page (tens of megabytes).
+/// false and a newer one is stored; the parts are copied into the value redb reserves (tens of
+/// megabytes: no encoded copy of them besides).
 fn put_snapshot(txn: &WriteTransaction, order: u64, parts: &[&[u8]], replace: bool) -> Result<(), StoreError> {
     let mut t = txn.open_table(SNAPSHOT)?;
-    let stored = t.get(CURRENT_SNAPSHOT)?.map(|v| decode_with_bytes::<u64>(v.value()).map(|(o, _)| o)).transpose()?;
-    if replace || stored.is_none_or(|o| o < order) {
+    let newer_stored = || -> Result<bool, StoreError> {
+        let stored = t.get(CURRENT_SNAPSHOT)?;
+        Ok(stored.map(|v| decode_with_bytes::<u64>(v.value()).map(|(o, _)| o >= order)).transpose()?.unwrap_or(false))
+    };
+    if replace || !newer_stored()? {
         let len = parts.iter().map(|p| p.len()).sum();
         let head = head_for_bytes(&order, len)?;
         let mut value = t.insert_reserve(CURRENT_SNAPSHOT, head.len() + len)?;

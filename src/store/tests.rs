@@ -510,11 +510,17 @@ fn install_refuses_a_damaged_snapshot_and_keeps_the_state() {
     let past = [&[crate::codec::VERSION, 1, 0xFB, 0x10, 0x27][..], b"devices"].concat();
     let mut not_utf8 = data.clone();
     not_utf8[3] = 0xFF;
-    for (what, bad) in [("cut", &data[..data.len() / 2]), ("long", &long), ("past", &past), ("not utf-8", &not_utf8)] {
+    // 1,000 tables claimed (0xFB: a two-byte count follows), more than any build knows.
+    let many = [crate::codec::VERSION, 0xFB, 0xE8, 0x03, 0];
+    let cases = [("cut", &data[..data.len() / 2]), ("long", &long), ("past", &past), ("not utf-8", &not_utf8)];
+    for (what, bad) in cases.into_iter().chain([("many", &many[..])]) {
         let err = copy.b.db.install(bad, &applied, 9, &[b"snapshot"]).unwrap_err().to_string();
         assert!(!err.is_empty(), "{what}");
         if what == "past" {
             assert!(err.contains("10000 bytes runs past the end"), "{err}");
+        }
+        if what == "many" {
+            assert!(err.contains("claims 1000 tables"), "{err}");
         }
         assert_eq!(rows(&copy.b.db), before, "{what}: nothing was replaced");
     }
