@@ -118,7 +118,17 @@ impl<K: Key + Sync + 'static, V: Value + Sync + 'static> RawTable for TableDefin
         let mut table = txn.open_table(*self)?;
         for row in rows {
             let (k, v) = row?;
-            table.insert(K::from_bytes(k), V::from_bytes(v))?;
+            // redb reads a key or value of these types by panicking on bytes it cannot read (a
+            // string that is not UTF-8, an integer of another width): in a damaged snapshot that
+            // is an error, and the install's transaction is dropped (the default panic hook still
+            // prints redb's message once).
+            let typed = std::panic::catch_unwind(|| (K::from_bytes(k), V::from_bytes(v))).map_err(|_| {
+                StoreError::Corrupt(format!(
+                    "the snapshot holds a row of table {:?} that redb cannot read",
+                    RawTable::name(self)
+                ))
+            })?;
+            table.insert(typed.0, typed.1)?;
         }
         Ok(())
     }

@@ -494,8 +494,10 @@ fn a_snapshot_is_byte_for_byte_the_bincode_of_its_tables() {
     assert_eq!(dump.data, encode(&Body { tables }).unwrap());
 }
 
-/// A snapshot cut short, with a length past its end, trailing bytes or a table name that is not
-/// UTF-8 is refused with an error, and the state it would have replaced stays.
+/// A damaged snapshot is refused with an error, and the state it would have replaced stays: cut
+/// short, with trailing bytes, a length past its end, a table name that is not UTF-8, more tables
+/// than any build knows, or a row redb cannot read as its table's types (a device id that is not
+/// UTF-8, a node id of three bytes: redb panics reading those, and the node with it).
 #[test]
 fn install_refuses_a_damaged_snapshot_and_keeps_the_state() {
     let sm = populated();
@@ -504,24 +506,30 @@ fn install_refuses_a_damaged_snapshot_and_keeps_the_state() {
     let copy = Sm::<RedbBackend>::empty();
     let before = rows(&copy.b.db);
     let data = &dump.data;
-    let mut long = data.clone();
-    long.push(0);
+    let long = [&data[..], &[0]].concat();
     // One table whose name claims 10,000 bytes (a varint marked 0xFB: two bytes follow).
     let past = [&[crate::codec::VERSION, 1, 0xFB, 0x10, 0x27][..], b"devices"].concat();
     let mut not_utf8 = data.clone();
     not_utf8[3] = 0xFF;
-    // 1,000 tables claimed (0xFB: a two-byte count follows), more than any build knows.
-    let many = [crate::codec::VERSION, 0xFB, 0xE8, 0x03, 0];
-    let cases = [("cut", &data[..data.len() / 2]), ("long", &long), ("past", &past), ("not utf-8", &not_utf8)];
-    for (what, bad) in cases.into_iter().chain([("many", &many[..])]) {
-        let err = copy.b.db.install(bad, &applied, 9, &[b"snapshot"]).unwrap_err().to_string();
-        assert!(!err.is_empty(), "{what}");
-        if what == "past" {
-            assert!(err.contains("10000 bytes runs past the end"), "{err}");
-        }
-        if what == "many" {
-            assert!(err.contains("claims 1000 tables"), "{err}");
-        }
+    // 1,000 tables claimed, more than any build knows.
+    let many = vec![crate::codec::VERSION, 0xFB, 0xE8, 0x03, 0];
+    let unreadable = |table: &str, key: Vec<u8>| {
+        let mut tables: Vec<(String, Rows)> = rows(&sm.b.db).into_iter().collect();
+        tables.iter_mut().find(|(n, _)| n == table).unwrap().1[0].0 = key;
+        encode(&Body { tables }).unwrap()
+    };
+    let cases = [
+        ("cut", data[..data.len() / 2].to_vec(), ""),
+        ("long", long, "trailing"),
+        ("past", past, "10000 bytes runs past the end"),
+        ("not utf-8", not_utf8, ""),
+        ("many", many, "claims 1000 tables"),
+        ("device id", unreadable("devices", vec![0xFF, 0xFE]), "row of table \"devices\" that redb cannot read"),
+        ("node id", unreadable("nodes", vec![1, 0, 0]), "row of table \"nodes\" that redb cannot read"),
+    ];
+    for (what, bad, says) in cases {
+        let err = copy.b.db.install(&bad, &applied, 9, &[b"snapshot"]).unwrap_err().to_string();
+        assert!(!err.is_empty() && err.contains(says), "{what}: {err}");
         assert_eq!(rows(&copy.b.db), before, "{what}: nothing was replaced");
     }
     assert_eq!(copy.b.db.load_snapshot().unwrap(), None);
