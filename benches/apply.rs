@@ -18,9 +18,14 @@
 //! in `timed_reference`, outside the toggle).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Cursor;
 use std::time::Instant;
 
+use gateway::codec::head_for_bytes;
 use gateway::machine::{self, Claim, Command, ExtendLeases, Input, Member, Release, Renew, State};
+use gateway::raft::network::snapshot_body;
+use gateway::raft::state_machine::decode_snapshot;
+use gateway::raft::types::{Snapshot, SnapshotMeta, Vote};
 use gateway::store::state::StateDb;
 use redb::{Database, Durability, TableDefinition};
 
@@ -153,6 +158,15 @@ struct SnapshotCost {
     /// Opening the installed file again, as a restarted node does (the route index and the row
     /// cache are rebuilt from the device rows).
     open_s: f64,
+    /// Reading the stored snapshot back and making the RPC body of it, as a leader does to send
+    /// it to a follower (`get_current_snapshot`: `StateDb::read_snapshot` and `decode_snapshot`;
+    /// then `network::snapshot_body`).
+    read_s: f64,
+    /// The peak resident bytes over that read and the body, less the resident bytes before them.
+    read_peak_bytes: u64,
+    /// The resident bytes held once the body is made (while the follower takes it), less those
+    /// before the read.
+    send_held_bytes: u64,
     bytes: usize,
     /// The process's peak resident bytes over the dump and the save, less its resident bytes
     /// before them (Linux: `VmHWM` after resetting it through `clear_refs`; 0 elsewhere).
@@ -179,9 +193,21 @@ fn timed_snapshot(m: &Machine) -> SnapshotCost {
     let dump = m.db.dump().expect("dump");
     let dump_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    m.db.save_snapshot(1, &[&dump.data]).expect("save_snapshot");
+    // Stored as a node stores it: the meta's head, then the data (`codec::encode_with_bytes`).
+    let head = head_for_bytes(&SnapshotMeta::default(), dump.data.len()).expect("head");
+    m.db.save_snapshot(1, &[&head, &dump.data]).expect("save_snapshot");
     let save_s = t.elapsed().as_secs_f64();
     let build_peak_bytes = status_bytes("VmHWM:").saturating_sub(before);
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let before = status_bytes("VmRSS:");
+    let t = Instant::now();
+    let (meta, data) = m.db.read_snapshot(|s| Ok(decode_snapshot(s)?)).expect("read_snapshot").expect("stored");
+    let body = snapshot_body(&Vote::new(1, 1), Snapshot { meta, snapshot: Cursor::new(data) }).expect("body");
+    let read_s = t.elapsed().as_secs_f64();
+    let read_peak_bytes = status_bytes("VmHWM:").saturating_sub(before);
+    let send_held_bytes = status_bytes("VmRSS:").saturating_sub(before);
+    assert!(body.len() > dump.data.len());
+    drop(body);
     let into = dir();
     let (fresh, _) = StateDb::open(into.path(), 64 << 20).expect("state.redb opens");
     let applied = dump.applied.as_deref().unwrap_or_default();
@@ -193,7 +219,17 @@ fn timed_snapshot(m: &Machine) -> SnapshotCost {
     let reopened = StateDb::open(into.path(), 64 << 20).expect("state.redb reopens");
     let open_s = t.elapsed().as_secs_f64();
     drop(reopened);
-    SnapshotCost { dump_s, save_s, install_s, open_s, bytes: dump.data.len(), build_peak_bytes }
+    SnapshotCost {
+        dump_s,
+        save_s,
+        install_s,
+        open_s,
+        read_s,
+        read_peak_bytes,
+        send_held_bytes,
+        bytes: dump.data.len(),
+        build_peak_bytes,
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -246,6 +282,7 @@ fn main() {
     if only.as_deref().is_none_or(|o| o == "snapshot") {
         let (mut dump, mut save, mut install, mut open, mut peak, mut bytes) =
             (vec![], vec![], vec![], vec![], vec![], 0);
+        let (mut read, mut read_peak, mut held_sending) = (vec![], vec![], vec![]);
         let per_device = |s: f64| s * 1e6 / held as f64;
         for _ in 0..rounds {
             let m = Machine::new(held);
@@ -255,18 +292,31 @@ fn main() {
             install.push(per_device(cost.install_s));
             open.push(per_device(cost.open_s));
             peak.push(cost.build_peak_bytes as f64);
+            read.push(per_device(cost.read_s));
+            read_peak.push(cost.read_peak_bytes as f64);
+            held_sending.push(cost.send_held_bytes as f64);
             bytes = cost.bytes;
         }
         let (dump, save, install, open, peak) =
             (median(dump), median(save), median(install), median(open), median(peak));
+        let (read, read_peak, held_sending) = (median(read), median(read_peak), median(held_sending));
         println!(
             "snapshot of {held} devices: dump {dump:.2} us a device, save {save:.2} us a device, install {install:.2} us a device, open {open:.2} us a device, {:.1} bytes a device; building it took {:.1} MB more resident memory ({:.2}x its bytes)",
             bytes as f64 / held as f64,
             peak / 1e6,
             peak / bytes as f64
         );
+        println!(
+            "reading it back and making the RPC body: {read:.3} us a device, {:.1} MB more resident memory at the most ({:.2}x its bytes), {:.1} MB held while it is sent ({:.2}x)",
+            read_peak / 1e6,
+            read_peak / bytes as f64,
+            held_sending / 1e6,
+            held_sending / bytes as f64
+        );
         snapshot = serde_json::json!({"devices": held, "dump_us_per_device": dump, "save_us_per_device": save,
-            "install_us_per_device": install, "open_us_per_device": open, "bytes": bytes, "build_peak_bytes": peak});
+            "install_us_per_device": install, "open_us_per_device": open, "bytes": bytes, "build_peak_bytes": peak,
+            "read_us_per_device": read, "read_peak_bytes": read_peak,
+            "send_held_bytes": held_sending});
     }
     println!(
         "{}",

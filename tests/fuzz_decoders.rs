@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::b64;
 use gateway::cluster::ProposeError;
-use gateway::codec::{decode, decode_with_bytes, encode, encode_with_bytes, CodecError, VERSION};
+use gateway::codec::{decode, decode_with_bytes, encode, CodecError, VERSION};
 use gateway::config::{
     Config, ConfigError, DeviceConfig, FileConfig, LogFormat, Start, Timing, MAX_DURATION_MS, MAX_PAYLOAD_LIMIT,
 };
@@ -27,7 +27,8 @@ use gateway::machine::{
     Release, ReleaseNode, Renew, Reply, SetAdmission, Superseded, Suspect, Sweep, Swept,
 };
 use gateway::protocol::{msg_json, ClientFrame, ServerFrame};
-use gateway::raft::types::{log_id as new_log_id, Entry, LogId, Request, SnapshotMeta, TypeConfig, Vote};
+use gateway::raft::network::snapshot_body;
+use gateway::raft::types::{log_id as new_log_id, Entry, LogId, Request, Snapshot, SnapshotMeta, TypeConfig, Vote};
 use gateway::token::{mint, valid_device_id, AuthError, DeviceClaims, Verifier, MAX_TOKEN_BYTES};
 use gateway::wire::{
     AdmissionStatus, IdentityReply, JoinRequest, LeaveRequest, MemberStatus, MembershipSummary, NodeRef,
@@ -586,10 +587,12 @@ fn decode_as<T: Serialize + DeserializeOwned + Debug>(bytes: &[u8]) -> Decoded {
 }
 
 /// Decodes a whole snapshot as the cluster listener does (`raft::rpc`): the vote and meta, then
-/// the snapshot's bytes borrowed from the body (`codec::decode_with_bytes`).
+/// the snapshot's bytes borrowed from the body (`codec::decode_with_bytes`); encodes it again as
+/// a leader sends one (`raft::network::snapshot_body`).
 fn decode_snapshot(bytes: &[u8]) -> Decoded {
     let ((vote, meta), data): ((Vote, SnapshotMeta), &[u8]) = decode_with_bytes(bytes)?;
-    let again = encode_with_bytes(&(&vote, &meta), data).expect("a decoded snapshot encodes");
+    let sent = Snapshot { meta: meta.clone(), snapshot: std::io::Cursor::new(data.to_vec()) };
+    let again = snapshot_body(&vote, sent).expect("a decoded snapshot encodes");
     let value: SnapshotBody = (vote, meta, data.to_vec());
     Ok((format!("{value:?}"), again))
 }

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use super::stream::{self, Link};
 use super::types::{Snapshot, SnapshotData, TypeConfig, Vote};
-use crate::codec::{decode, encode, encode_with_bytes};
+use crate::codec::{decode, encode, head_for_bytes, CodecError};
 use crate::http::{excerpt, HttpClient, HttpError, MAX_APPEND_BYTES, MAX_RPC_BYTES};
 use crate::machine::{Member, NodeId};
 
@@ -229,8 +229,7 @@ impl RaftNetworkV2<TypeConfig> for Peer {
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let body = encode_with_bytes(&(vote, &snapshot.meta), snapshot.snapshot.get_ref())
-            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let body = snapshot_body(&vote, snapshot).map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         if body.len() > MAX_RPC_BYTES {
             let msg = Msg(format!("a snapshot of {} bytes is over the {MAX_RPC_BYTES}-byte RPC limit", body.len()));
             return Err(StreamingError::Network(NetworkError::new(&msg)));
@@ -246,6 +245,16 @@ impl RaftNetworkV2<TypeConfig> for Peer {
             }),
         }
     }
+}
+
+/// The snapshot RPC's body, `encode_with_bytes(&(vote, meta), data)`, written in the data's own
+/// buffer (the head moved in front of the bytes): a leader sending a million devices' snapshot
+/// (~57 MB) holds it once while the follower takes it, not twice.
+pub fn snapshot_body(vote: &Vote, snapshot: Snapshot) -> Result<Vec<u8>, CodecError> {
+    let mut body = snapshot.snapshot.into_inner();
+    let head = head_for_bytes(&(vote, &snapshot.meta), body.len())?;
+    body.splice(0..0, head);
+    Ok(body)
 }
 
 /// A remote `RaftError` (the target's Raft is shutting down or failed) is, to the sender, a

@@ -226,7 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let db = self.db.clone();
         let current = blocking("snapshot read", move || {
-            db.load_snapshot()?.map(|b| decode_snapshot(&b)).transpose().map_err(StoreError::from)
+            db.read_snapshot(|stored| decode_snapshot(stored).map_err(StoreError::from))
         })
         .await?;
         Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Cursor::new(data) }))

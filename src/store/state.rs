@@ -495,11 +495,16 @@ impl StateDb {
         Ok(())
     }
 
-    /// The current snapshot, as stored by [`StateDb::save_snapshot`] or [`StateDb::install`].
-    pub fn load_snapshot(&self) -> Result<Option<Vec<u8>>, StoreError> {
+    /// Reads the current snapshot, as stored by [`StateDb::save_snapshot`] or
+    /// [`StateDb::install`], in place: `read` gets its bytes as redb holds them, so a caller that
+    /// keeps a part of them copies that part once (a million devices' snapshot is ~57 MB).
+    pub fn read_snapshot<T>(&self, read: impl FnOnce(&[u8]) -> Result<T, StoreError>) -> Result<Option<T>, StoreError> {
         let txn = self.db.begin_read()?;
-        let stored = txn.open_table(SNAPSHOT)?.get(CURRENT_SNAPSHOT)?;
-        Ok(stored.map(|v| decode_with_bytes::<u64>(v.value()).map(|(_, s)| s.to_vec())).transpose()?)
+        let Some(stored) = txn.open_table(SNAPSHOT)?.get(CURRENT_SNAPSHOT)? else {
+            return Ok(None);
+        };
+        let (_, snapshot) = decode_with_bytes::<u64>(stored.value())?;
+        read(snapshot).map(Some)
     }
 }
 
