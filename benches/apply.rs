@@ -201,7 +201,8 @@ fn timed_snapshot(m: &Machine) -> SnapshotCost {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let before = status_bytes("VmRSS:");
     let t = Instant::now();
-    let (meta, data) = m.db.read_snapshot(|s| Ok(decode_snapshot(s)?)).expect("read_snapshot").expect("stored");
+    let stored = m.db.read_snapshot().expect("read_snapshot").expect("stored");
+    let (meta, data) = decode_snapshot(stored).expect("decode_snapshot");
     let body = snapshot_body(&Vote::new(1, 1), Snapshot { meta, snapshot: Cursor::new(data) }).expect("body");
     let read_s = t.elapsed().as_secs_f64();
     let read_peak_bytes = status_bytes("VmHWM:").saturating_sub(before);

@@ -226,7 +226,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let db = self.db.clone();
         let current = blocking("snapshot read", move || {
-            db.read_snapshot(|stored| decode_snapshot(stored).map_err(StoreError::from))
+            db.read_snapshot()?.map(decode_snapshot).transpose().map_err(StoreError::from)
         })
         .await?;
         Ok(current.map(|(meta, data)| Snapshot { meta, snapshot: Cursor::new(data) }))
@@ -245,15 +245,20 @@ struct SnapshotMetaV09 {
 
 /// A stored snapshot (its meta and data), in either layout. The layouts cannot be confused: the
 /// 0.9 one read as the current one always leaves its data behind as trailing bytes.
-pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotMeta, Vec<u8>), crate::codec::CodecError> {
-    let (meta, data) =
-        decode_with_bytes::<SnapshotMeta>(bytes).or_else(|e| match decode_with_bytes::<SnapshotMetaV09>(bytes) {
+/// The data is what is left of `bytes` once the meta in front of it is taken out (moved within
+/// the buffer: no second buffer of a snapshot's size).
+pub fn decode_snapshot(mut bytes: Vec<u8>) -> Result<(SnapshotMeta, Vec<u8>), crate::codec::CodecError> {
+    let (meta, data_len) = decode_with_bytes::<SnapshotMeta>(&bytes)
+        .or_else(|e| match decode_with_bytes::<SnapshotMetaV09>(&bytes) {
             Ok((m, data)) => {
                 Ok((SnapshotMeta { last_log_id: m.last_log_id, last_membership: m.last_membership }, data))
             }
             Err(_) => Err(e),
-        })?;
-    Ok((meta, data.to_vec()))
+        })
+        .map(|(meta, data)| (meta, data.len()))?;
+    // The data runs to the end: `decode_with_bytes` refuses trailing bytes.
+    bytes.drain(..bytes.len() - data_len);
+    Ok((meta, bytes))
 }
 
 /// Snapshots are ordered by the index they were taken at (committed log ids with one index are

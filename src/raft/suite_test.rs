@@ -252,6 +252,6 @@ fn stores_written_with_openraft_0_9_decode() {
     let stored = StoredMembership::new(Some(lid(8)), membership);
     same(&format!("010103010901030108{MEMBERSHIP}"), (Some(lid(9)), stored.clone()));
     let snapshot = unhex(&format!("010103010901030108{MEMBERSHIP}07332d312d392d3103010203"));
-    let (meta, data) = decode_snapshot(&snapshot).expect("a 0.9 snapshot decodes");
+    let (meta, data) = decode_snapshot(snapshot).expect("a 0.9 snapshot decodes");
     assert_eq!((meta.last_log_id, meta.last_membership, data), (Some(lid(9)), stored, vec![1, 2, 3]));
 }

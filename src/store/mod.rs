@@ -5,6 +5,7 @@
 
 mod held;
 mod index;
+mod kept;
 pub mod log;
 mod log_redb;
 mod rows;

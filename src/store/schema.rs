@@ -44,8 +44,11 @@ pub(super) const LEDGER: TableDefinition<(&str, u64, &str), &[u8]> = TableDefini
 /// seq → cluster event (codec): the bounded membership and ring change log (`machine::events`).
 pub(super) const CLUSTER_EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("cluster_events");
 
-/// Not state: the last built (or installed) snapshot, kept for followers that need it.
+/// Not state: the last built (or installed) snapshot, kept for followers that need it: its order
+/// and length (and, in files written before chunks, the whole of it); see `store::kept`.
 pub(super) const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
+/// Not state: that snapshot's bytes, in chunks (`store::kept::CHUNK`).
+pub(super) const SNAPSHOT_CHUNKS: TableDefinition<u32, &[u8]> = TableDefinition::new("snapshot_chunks");
 
 /// Every table of the replicated state. Open, dump, install and clear iterate this list.
 pub(super) static STATE_TABLES: [&dyn RawTable; 11] = [

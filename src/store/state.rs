@@ -17,15 +17,16 @@ use serde::{Deserialize, Serialize};
 
 use super::held::{self, Held, Hold};
 use super::index::RouteIndex;
+use super::kept;
 use super::rows::RowCache;
 use super::schema::{
     RawTable, Rows, CLUSTER_EVENTS, DEVICES, HEADS, LEDGER, LEGACY_FLOORS, LEGACY_ROUTES, META, NODES, NODE_ROUTES,
-    SNAPSHOT, STATE_TABLES, STREAMS, TENANTS,
+    SNAPSHOT, SNAPSHOT_CHUNKS, STATE_TABLES, STREAMS, TENANTS,
 };
 use super::snapshot::{self, Section};
 pub use super::txn::StateTxn;
 use super::StoreError;
-use crate::codec::{decode, decode_with_bytes, encode, head_for_bytes};
+use crate::codec::{decode, encode};
 use crate::machine::{ClusterEvent, Entry, Floor, Head, Message, NodeLease, Route, State, StreamRead, TenantRow};
 
 /// The layout of this file, written when it is created: a file of another layout is migrated
@@ -49,7 +50,6 @@ pub(super) const CAPACITY: &str = "capacity";
 pub(super) const MAX_CONNECTIONS: &str = "max_connections";
 /// The Raft adapter's applied meta (last applied log id, membership): opaque here.
 pub(super) const APPLIED: &str = "applied";
-const CURRENT_SNAPSHOT: &str = "current";
 
 /// What a database holds on open or after an install: the machine's in-memory state (without the
 /// membership, which is in the adapter's applied meta) and that meta.
@@ -135,6 +135,7 @@ impl StateDb {
             t.create(&txn)?;
         }
         txn.open_table(SNAPSHOT)?;
+        txn.open_table(SNAPSHOT_CHUNKS)?;
         {
             let mut meta = txn.open_table(META)?;
             let format: Option<u32> = get(&meta, FORMAT)?;
@@ -456,7 +457,7 @@ impl StateDb {
             }
         }
         txn.open_table(META)?.insert(APPLIED, applied)?;
-        put_snapshot(&txn, order, snapshot, true)?;
+        kept::put(&txn, order, snapshot, true)?;
         txn.commit()?;
         drop(slot);
         self.load()
@@ -470,7 +471,7 @@ impl StateDb {
     pub fn save_snapshot(&self, order: u64, snapshot: &[&[u8]]) -> Result<(), StoreError> {
         // The held applies (newer than the snapshot, which a dump read after committing them)
         // become durable with it.
-        self.commit_durably(|txn| put_snapshot(txn, order, snapshot, false))
+        self.commit_durably(|txn| kept::put(txn, order, snapshot, false))
     }
 
     /// Makes every apply so far durable, committing what is held first, as a snapshot's save
@@ -495,16 +496,10 @@ impl StateDb {
         Ok(())
     }
 
-    /// Reads the current snapshot, as stored by [`StateDb::save_snapshot`] or
-    /// [`StateDb::install`], in place: `read` gets its bytes as redb holds them, so a caller that
-    /// keeps a part of them copies that part once (a million devices' snapshot is ~57 MB).
-    pub fn read_snapshot<T>(&self, read: impl FnOnce(&[u8]) -> Result<T, StoreError>) -> Result<Option<T>, StoreError> {
-        let txn = self.db.begin_read()?;
-        let Some(stored) = txn.open_table(SNAPSHOT)?.get(CURRENT_SNAPSHOT)? else {
-            return Ok(None);
-        };
-        let (_, snapshot) = decode_with_bytes::<u64>(stored.value())?;
-        read(snapshot).map(Some)
+    /// The current snapshot's bytes, as stored by [`StateDb::save_snapshot`] or
+    /// [`StateDb::install`] (`store::kept`): one copy of them, no more than a chunk besides.
+    pub fn read_snapshot(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        kept::read(&self.db.begin_read()?)
     }
 }
 
@@ -535,28 +530,6 @@ fn stored_leases(rows: &Rows) -> Result<Rows, StoreError> {
 /// A lease as layout 4 stores it (see [`stored_leases`]).
 pub(super) fn stored_lease(lease: &NodeLease) -> NodeLease {
     NodeLease { routes: 0, ..lease.clone() }
-}
-
-/// Stores `snapshot` (its bytes in `parts`, in order) as the current one, unless `replace` is
-/// false and a newer one is stored; the parts are copied into the value redb reserves (tens of
-/// megabytes: no encoded copy of them besides).
-fn put_snapshot(txn: &WriteTransaction, order: u64, parts: &[&[u8]], replace: bool) -> Result<(), StoreError> {
-    let mut t = txn.open_table(SNAPSHOT)?;
-    let newer_stored = || -> Result<bool, StoreError> {
-        let stored = t.get(CURRENT_SNAPSHOT)?;
-        Ok(stored.map(|v| decode_with_bytes::<u64>(v.value()).map(|(o, _)| o >= order)).transpose()?.unwrap_or(false))
-    };
-    if replace || !newer_stored()? {
-        let len = parts.iter().map(|p| p.len()).sum();
-        let head = head_for_bytes(&order, len)?;
-        let mut value = t.insert_reserve(CURRENT_SNAPSHOT, head.len() + len)?;
-        let mut at = 0;
-        for part in std::iter::once(&head[..]).chain(parts.iter().copied()) {
-            value.as_mut()[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-    }
-    Ok(())
 }
 
 pub(super) fn get<'a, K, T>(
