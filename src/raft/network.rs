@@ -249,10 +249,13 @@ impl RaftNetworkV2<TypeConfig> for Peer {
 
 /// The snapshot RPC's body, `encode_with_bytes(&(vote, meta), data)`, written in the data's own
 /// buffer (the head moved in front of the bytes): a leader sending a million devices' snapshot
-/// (~57 MB) holds it once while the follower takes it, not twice.
+/// (~57 MB) holds it once while the follower takes it, not twice. A kept snapshot is read with
+/// room for the head (`store::kept::SPARE`, and the meta taken off its front), so the buffer does
+/// not grow.
 pub fn snapshot_body(vote: &Vote, snapshot: Snapshot) -> Result<Vec<u8>, CodecError> {
     let mut body = snapshot.snapshot.into_inner();
     let head = head_for_bytes(&(vote, &snapshot.meta), body.len())?;
+    body.reserve_exact(head.len());
     body.splice(0..0, head);
     Ok(body)
 }
@@ -265,5 +268,36 @@ fn remote_fatal(e: RPCError<TypeConfig, RaftError<TypeConfig>>) -> RpcErr {
         RPCError::Unreachable(u) => RPCError::Unreachable(u),
         RPCError::Network(n) => RPCError::Network(n),
         RPCError::RemoteError(r) => RPCError::Unreachable(Unreachable::from_string(r)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+    use crate::codec::encode_with_bytes;
+    use crate::raft::state_machine::decode_snapshot;
+    use crate::raft::types::{log_id, SnapshotMeta};
+
+    #[test]
+    fn a_snapshot_body_is_the_encoding_of_vote_meta_and_data_in_the_data_buffer() {
+        let vote = Vote::new_committed(7, 300);
+        let meta = SnapshotMeta { last_log_id: Some(log_id(7, 300, 1 << 40)), ..Default::default() };
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        let expected = encode_with_bytes(&(&vote, &meta), &data).unwrap();
+        // As a leader has it: the kept record read with room to spare, its meta taken off in place.
+        let record = encode_with_bytes(&meta, &data).unwrap();
+        let mut kept = Vec::with_capacity(record.len() + crate::store::kept::SPARE);
+        kept.extend_from_slice(&record);
+        let (read_meta, read_data) = decode_snapshot(kept).unwrap();
+        let buffer = read_data.as_ptr();
+        let body = snapshot_body(&vote, Snapshot { meta: read_meta, snapshot: Cursor::new(read_data) }).unwrap();
+        assert_eq!(body, expected);
+        assert_eq!(body.as_ptr(), buffer, "the body is made in the data's buffer");
+        // A buffer with no room grows by the head alone.
+        let body = snapshot_body(&vote, Snapshot { meta, snapshot: Cursor::new(data.clone()) }).unwrap();
+        assert_eq!((body.len(), body.capacity()), (expected.len(), expected.len()));
+        assert_eq!(body, expected);
     }
 }

@@ -8,7 +8,9 @@
 //! save and a read hold one chunk besides the snapshot, and the order is one small row.
 //!
 //! A file written before holds the whole record (`codec::encode_with_bytes(order, bytes)`) under
-//! `current`: it is read as before, and the next save or install removes it.
+//! `current`: it is read as before, and the next save or install removes it. Every save of this
+//! build removes it in the same transaction, so a `current` found beside `chunked` was written
+//! later, by an earlier build the node was rolled back to: it is the kept one.
 
 use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, WriteTransaction};
 
@@ -21,18 +23,20 @@ const WHOLE: &str = "current";
 /// The chunked layout's order and length.
 const CHUNKED: &str = "chunked";
 /// Bytes a chunk holds, but for the last: a MiB less a page, so that a chunk and its leaf's
-/// header fit in one 1 MiB redb page.
+/// header fit in one 1 MiB redb page. A read takes chunks of any length.
 pub(super) const CHUNK: usize = (1 << 20) - 4096;
+/// Room a read leaves after the bytes, for a head to be put in front of them without a second
+/// buffer (the snapshot RPC's: `raft::network::snapshot_body`).
+pub const SPARE: usize = 64;
 
 /// The stored snapshot's order, if one is stored.
 fn stored_order(txn: &WriteTransaction) -> Result<Option<u64>, StoreError> {
     let t = txn.open_table(SNAPSHOT)?;
-    if let Some(head) = t.get(CHUNKED)? {
-        let (order, _len): (u64, u64) = decode(head.value())?;
-        return Ok(Some(order));
+    if let Some(whole) = t.get(WHOLE)? {
+        return Ok(Some(decode_with_bytes::<u64>(whole.value())?.0));
     }
-    let whole = t.get(WHOLE)?;
-    Ok(whole.map(|v| decode_with_bytes::<u64>(v.value()).map(|(order, _)| order)).transpose()?)
+    let head = t.get(CHUNKED)?;
+    Ok(head.map(|head| decode::<(u64, u64)>(head.value()).map(|(order, _len)| order)).transpose()?)
 }
 
 /// Stores the snapshot whose bytes are `parts`, in order, as the kept one, unless `replace` is
@@ -70,24 +74,25 @@ pub(super) fn put(txn: &WriteTransaction, order: u64, parts: &[&[u8]], replace: 
     Ok(())
 }
 
-/// The kept snapshot's bytes, copied once into a `Vec` of their size.
+/// The kept snapshot's bytes, copied once into a `Vec` of their size and [`SPARE`] bytes more.
 pub(super) fn read(txn: &ReadTransaction) -> Result<Option<Vec<u8>>, StoreError> {
     let t = txn.open_table(SNAPSHOT)?;
-    let Some(head) = t.get(CHUNKED)? else {
-        let Some(whole) = t.get(WHOLE)? else { return Ok(None) };
+    if let Some(whole) = t.get(WHOLE)? {
         let (_order, bytes) = decode_with_bytes::<u64>(whole.value())?;
-        return Ok(Some(bytes.to_vec()));
-    };
+        let mut out = Vec::with_capacity(bytes.len() + SPARE);
+        out.extend_from_slice(bytes);
+        return Ok(Some(out));
+    }
+    let Some(head) = t.get(CHUNKED)? else { return Ok(None) };
     let (_order, len): (u64, u64) = decode(head.value())?;
     let chunks = txn.open_table(SNAPSHOT_CHUNKS)?;
     let count = chunks.len()?;
     let corrupt = || StoreError::Corrupt(format!("the kept snapshot of {len} bytes is stored in {count} chunks"));
-    // The length comes with as many chunks as it needs, so the buffer is no larger than they are.
     let len = usize::try_from(len).map_err(|_| corrupt())?;
-    if len.div_ceil(CHUNK) as u64 != count {
-        return Err(corrupt());
-    }
-    let mut bytes = Vec::with_capacity(len);
+    // Sized up front only when the chunks stored could hold it at a MiB each: a damaged length
+    // never sizes a buffer past what the file holds.
+    let fits = count.checked_mul(1 << 20).is_some_and(|most| len as u64 <= most);
+    let mut bytes = Vec::with_capacity(if fits { len + SPARE } else { 0 });
     for (at, row) in chunks.iter()?.enumerate() {
         let (key, chunk) = row?;
         let chunk = chunk.value();
@@ -164,6 +169,32 @@ mod tests {
         assert_eq!(read_from(&db).unwrap().as_deref(), Some(&b"newer"[..]));
         let txn = db.begin_read().unwrap();
         assert!(txn.open_table(SNAPSHOT).unwrap().get(WHOLE).unwrap().is_none(), "the whole record is gone");
+    }
+
+    #[test]
+    fn a_whole_record_an_earlier_build_wrote_after_a_rollback_is_the_kept_one() {
+        let (_dir, db) = db();
+        put_in(&db, 5, &[b"chunks of five"], false);
+        // Rolled back: that build keeps the whole record under `current` and knows no chunks.
+        let txn = db.begin_write().unwrap();
+        txn.open_table(SNAPSHOT).unwrap().insert(WHOLE, encode_with_bytes(&9u64, b"nine").unwrap().as_slice()).unwrap();
+        txn.commit().unwrap();
+        // Upgraded again: the newer whole record is read, and kept against an older build.
+        assert_eq!(read_from(&db).unwrap().as_deref(), Some(&b"nine"[..]));
+        put_in(&db, 7, &[b"seven"], false);
+        assert_eq!(read_from(&db).unwrap().as_deref(), Some(&b"nine"[..]));
+        put_in(&db, 10, &[b"ten"], false);
+        assert_eq!(read_from(&db).unwrap().as_deref(), Some(&b"ten"[..]));
+    }
+
+    #[test]
+    fn a_read_leaves_room_for_a_head() {
+        let (_dir, db) = db();
+        let data = vec![7u8; CHUNK + 1];
+        put_in(&db, 1, &[&data], false);
+        let read = read_from(&db).unwrap().unwrap();
+        assert_eq!(read, data);
+        assert!(read.capacity() >= data.len() + SPARE, "{} of {}", read.capacity(), data.len());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 mod held;
 mod index;
-mod kept;
+pub mod kept;
 pub mod log;
 mod log_redb;
 mod rows;
