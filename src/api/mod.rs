@@ -150,7 +150,7 @@ async fn read_body(mut body: Incoming, keep: usize, cap: usize) -> Result<bytes:
     if hyper::body::Body::size_hint(&body).lower() > cap as u64 {
         return Err(BodyError::TooLarge);
     }
-    let mut kept: Vec<bytes::Bytes> = Vec::new();
+    let mut kept = Kept::default();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|_| BodyError::Broken)?.into_data() else { continue };
@@ -165,11 +165,39 @@ async fn read_body(mut body: Incoming, keep: usize, cap: usize) -> Result<bytes:
     if seen > keep {
         return Err(BodyError::TooLarge);
     }
-    Ok(match kept.as_slice() {
-        [] => bytes::Bytes::new(),
-        [one] => one.clone(),
-        many => many.concat().into(),
-    })
+    Ok(kept.into_bytes())
+}
+
+/// A body's frames as they arrive: the first as it came, then all of them copied into one buffer
+/// (a snapshot of tens of megabytes arrives in thousands of frames; the buffer is the only copy
+/// held, and it is handed on whole: `raft::rpc` takes the snapshot's data out of it in place).
+#[derive(Default)]
+enum Kept {
+    #[default]
+    Nothing,
+    One(bytes::Bytes),
+    Many(Vec<u8>),
+}
+
+impl Kept {
+    fn push(&mut self, data: bytes::Bytes) {
+        *self = match std::mem::take(self) {
+            Kept::Nothing => Kept::One(data),
+            Kept::One(first) => Kept::Many([&first[..], &data[..]].concat()),
+            Kept::Many(mut all) => {
+                all.extend_from_slice(&data);
+                Kept::Many(all)
+            }
+        }
+    }
+
+    fn into_bytes(self) -> bytes::Bytes {
+        match self {
+            Kept::Nothing => bytes::Bytes::new(),
+            Kept::One(one) => one,
+            Kept::Many(all) => all.into(),
+        }
+    }
 }
 
 /// Reads and drops the body of a request refused before its body was read (at most `limit` bytes,
@@ -289,10 +317,10 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         return refusal;
     }
     match (&method, segments.as_slice()) {
-        (&Method::POST, ["raft", "v2", "append"]) => raft_rpc::raft(api, RpcKind::Append, &body).await,
-        (&Method::POST, ["raft", "v2", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, &body).await,
-        (&Method::POST, ["raft", "v2", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, &body).await,
-        (&Method::POST, ["raft", "v2", "transfer-leader"]) => raft_rpc::raft(api, RpcKind::TransferLeader, &body).await,
+        (&Method::POST, ["raft", "v2", "append"]) => raft_rpc::raft(api, RpcKind::Append, body).await,
+        (&Method::POST, ["raft", "v2", "vote"]) => raft_rpc::raft(api, RpcKind::Vote, body).await,
+        (&Method::POST, ["raft", "v2", "snapshot"]) => raft_rpc::raft(api, RpcKind::Snapshot, body).await,
+        (&Method::POST, ["raft", "v2", "transfer-leader"]) => raft_rpc::raft(api, RpcKind::TransferLeader, body).await,
         (&Method::POST, ["cluster", "propose", "v2"]) => raft_rpc::propose(api, &body).await,
         (&Method::GET, ["cluster", "status"]) => admin::status(api),
         (&Method::GET, ["cluster", "identity"]) => admin::identity(api),
@@ -359,5 +387,21 @@ mod tests {
             assert!(!said.contains("zz_secret_zz"), "{said} quotes the body");
             assert!(said.contains("line 1"), "{said}");
         }
+    }
+
+    #[test]
+    fn a_body_of_many_frames_is_kept_in_one_buffer_and_a_lone_frame_as_it_came() {
+        use super::Kept;
+        let frame = bytes::Bytes::from_static(b"one frame");
+        let mut kept = Kept::default();
+        kept.push(frame.clone());
+        let one = kept.into_bytes();
+        assert_eq!((one.as_ptr(), one.len()), (frame.as_ptr(), frame.len()), "a lone frame is not copied");
+        let mut kept = Kept::default();
+        for part in [&b"ab"[..], b"", b"cde", b"f"] {
+            kept.push(bytes::Bytes::copy_from_slice(part));
+        }
+        assert_eq!(&kept.into_bytes()[..], b"abcdef");
+        assert!(Kept::default().into_bytes().is_empty());
     }
 }

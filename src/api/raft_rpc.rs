@@ -20,7 +20,7 @@ fn binary(bytes: Vec<u8>) -> Resp {
 }
 
 /// `/raft/{append,vote,snapshot}`.
-pub async fn raft(api: &Api, kind: RpcKind, body: &[u8]) -> Resp {
+pub async fn raft(api: &Api, kind: RpcKind, body: Bytes) -> Resp {
     match api.cluster.rpc(kind, body).await {
         Ok(reply) => binary(reply),
         Err(e @ RpcError::BadRequest(_)) => error(StatusCode::BAD_REQUEST, "bad_request", e),

@@ -391,7 +391,7 @@ impl Handle {
     }
 
     /// Hands a Raft RPC (`/raft/*`) to the local Raft instance.
-    pub async fn rpc(&self, kind: RpcKind, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    pub async fn rpc(&self, kind: RpcKind, body: bytes::Bytes) -> Result<Vec<u8>, RpcError> {
         let reply = rpc::serve(&self.inner.raft, kind, body).await;
         if kind == RpcKind::Append {
             self.inner.appended();
