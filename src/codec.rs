@@ -73,8 +73,11 @@ fn decode_first<T: DeserializeOwned>(body: &[u8]) -> Result<(T, usize), CodecErr
 }
 
 /// Bulk bytes after a small head: the same bytes as `encode(&(head, bytes))`, written with one
-/// copy of `bytes` where serde would hand bincode a sequence one byte at a time (a snapshot is
-/// tens of megabytes). [`decode_with_bytes`] reads either.
+/// copy of `bytes` where serde would hand bincode a sequence one byte at a time. [`decode_with_bytes`]
+/// reads either. The node writes these bytes in place, from [`head_for_bytes`] (the kept snapshot
+/// in `store::kept`, the snapshot RPC in `raft::network::snapshot_body`); this is what tests check
+/// those writers against.
+#[cfg(test)]
 pub fn encode_with_bytes<T: Serialize + ?Sized>(head: &T, bytes: &[u8]) -> Result<Vec<u8>, CodecError> {
     let mut out = head_for_bytes(head, bytes.len())?;
     out.reserve_exact(bytes.len());
