@@ -188,6 +188,8 @@ struct Renewals {
     commands: f64,
     entries: f64,
     fsyncs: f64,
+    /// What the followers forwarded to the leader: commands, and the requests that carried them.
+    forwarded: [f64; 2],
     /// Where the accepted handshakes' `hello` heads came from, over the nodes: answered by the
     /// claim's own apply (the leader's), read back (a follower's).
     heads: [f64; 2],
@@ -215,6 +217,7 @@ impl Renewals {
             commands: delta("gateway_proposed_commands_total"),
             entries: delta("gateway_proposed_batches_total"),
             fsyncs: delta("gateway_log_fsyncs_total"),
+            forwarded: ["commands", "batches"].map(|k| delta(&format!("gateway_forwarded_{k}_total"))),
             heads: ["claim", "read"].map(|r| delta(&format!("gateway_handshake_stream_heads_total{{result=\"{r}\"}}"))),
         }
     }
@@ -229,6 +232,7 @@ impl Renewals {
         json!({"count": self.count, "mean_ms": self.mean_ms(), "p50_le_ms": self.quantile_ms(0.5),
                "p99_le_ms": self.quantile_ms(0.99), "max_le_ms": self.quantile_ms(1.0), "fences": self.fences,
                "commands": self.commands, "entries": self.entries, "fsyncs_all_nodes": self.fsyncs,
+               "forwarded": {"commands": self.forwarded[0], "requests": self.forwarded[1]},
                "stream_heads": {"claim": self.heads[0], "read": self.heads[1]}})
     }
 
@@ -243,7 +247,7 @@ impl std::fmt::Display for Renewals {
         write!(
             f,
             "gateway 3 nodes, lease renewals during the run: {} committed, mean {} ms, p50 <= {} ms, p99 <= {} ms, \
-             max <= {} ms; fences {}; raft: {} commands in {} entries ({:.1} per entry), {} fsyncs on the three nodes; \
+             max <= {} ms; fences {}; raft: {} commands in {} entries ({:.1} per entry), {} fsyncs on the three nodes, {} forwarded in {} requests ({:.1} a request); \
              hello heads: {} from the claim, {} read",
             self.count,
             self.mean_ms().map_or("-".into(), |v| format!("{v:.1}")),
@@ -255,6 +259,9 @@ impl std::fmt::Display for Renewals {
             self.entries,
             self.commands / self.entries.max(1.0),
             self.fsyncs,
+            self.forwarded[0],
+            self.forwarded[1],
+            self.forwarded[0] / self.forwarded[1].max(1.0),
             self.heads[0],
             self.heads[1]
         )

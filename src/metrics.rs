@@ -49,6 +49,12 @@ pub struct Metrics {
     /// Commands handed to the Raft log by this node's proposer, and the entries that carried them.
     pub proposed_commands: Counter,
     pub proposed_batches: Counter,
+    /// Commands this node forwarded to the leader (a follower's writes), and the forwards (one
+    /// request each) that carried them.
+    pub forwarded_commands: Counter,
+    pub forwarded_batches: Counter,
+    /// Forwards to the leader holding one of this node's forward lanes now.
+    pub forward_lanes_busy: Gauge,
     /// Times this leader's proposer held a write back (for `LEASE_RETRY`, 10 ms) because openraft
     /// refused it for want of a valid leader lease (just elected, or cut off from its quorum).
     pub propose_lease_waits: Counter,
@@ -167,6 +173,9 @@ impl Default for Metrics {
             raft_append_streams: Counter::default(),
             proposed_commands: Counter::default(),
             proposed_batches: Counter::default(),
+            forwarded_commands: Counter::default(),
+            forwarded_batches: Counter::default(),
+            forward_lanes_busy: Gauge::default(),
             propose_lease_waits: Counter::default(),
             propose_abandoned: Counter::default(),
             claims: Family::default(),
@@ -241,6 +250,21 @@ impl Default for Metrics {
             "proposed_batches",
             "Log entries (batches) proposed by this node",
             m.proposed_batches.clone(),
+        );
+        registry.register(
+            "forwarded_commands",
+            "Commands this node forwarded to the leader and had answered",
+            m.forwarded_commands.clone(),
+        );
+        registry.register(
+            "forwarded_batches",
+            "Forwards (one request to the leader each) that carried them",
+            m.forwarded_batches.clone(),
+        );
+        registry.register(
+            "forward_lanes_busy",
+            "Forwards to the leader in flight on one of this node's forward lanes (a forward to a leader since replaced gives its lane back)",
+            m.forward_lanes_busy.clone(),
         );
         registry.register(
             "propose_abandoned",

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -22,7 +23,7 @@ use tracing::Instrument;
 use crate::clock::ClusterClock;
 use crate::codec::{decode, encode};
 use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES};
-use crate::machine::{Command, Reply};
+use crate::machine::{Command, NodeId, Reply};
 use crate::metrics::Metrics;
 use crate::raft::types::{Raft, Request, TypeConfig};
 use openraft::async_runtime::WatchReceiver as _;
@@ -54,6 +55,15 @@ pub const QUEUED_BYTES: usize = 16 * MAX_BATCH_BYTES;
 /// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
 /// fsync); with two, the next batch is already queued in openraft when the log flushes.
 pub const MAX_IN_FLIGHT: usize = 2;
+
+/// Forwards to the leader a follower's bulk queue has in flight at once (its urgent queue:
+/// [`MAX_IN_FLIGHT`]). A forward is answered when the leader's entry commits, so a follower with
+/// only a few callers forwards each at once and the leader's batches merge them (as many as
+/// [`MAX_IN_FLIGHT`] would hold back every third caller of eight spread over three nodes); a
+/// follower with many folds what queues while all are out into its next forward. Both queues
+/// together stay within the eight idle connections a host the HTTP client's pool keeps, so the
+/// forwards reuse their connections instead of dialling the leader again.
+pub const MAX_FORWARDS: usize = 6;
 
 /// Longest a bulk batch waits for the callers the last commits answered (see [`Fill`]).
 pub const MAX_LINGER: Duration = Duration::from_millis(1);
@@ -119,7 +129,9 @@ impl Proposer {
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
         let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
-        let ctx = Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone(), fill: None };
+        let forwards = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let ctx =
+            Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone(), fill: None, forwards };
         tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
         Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout }
     }
@@ -231,6 +243,8 @@ struct Ctx {
     tasks: TaskTracker,
     /// The bulk queue's: what its local writes answered (none for the urgent queue).
     fill: Option<Arc<Fill>>,
+    /// The queue's forwards in flight ([`MAX_FORWARDS`] for the bulk queue).
+    forwards: Arc<Semaphore>,
 }
 
 /// A batch that waits to fill. Clients that write again as soon as they are answered (a
@@ -269,7 +283,7 @@ async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pendi
         }
     };
     let fill = Arc::new(Fill::default());
-    let bulk = Ctx { fill: Some(fill.clone()), ..ctx.clone() };
+    let bulk = Ctx { fill: Some(fill.clone()), forwards: Arc::new(Semaphore::new(MAX_FORWARDS)), ..ctx.clone() };
     let abandoned = ctx.metrics.propose_abandoned.clone();
     tokio::join!(
         batches(urgent, cancel.clone(), None, abandoned.clone(), spawn(ctx)),
@@ -366,7 +380,9 @@ fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending, abandoned: &Coun
 /// its device retry into it. Leader duties (`local_only`) fail at once on a non-leader.
 async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
     let deadline = tokio::time::Instant::now() + ctx.timeout;
-    let mut permit = Some(permit);
+    // The slot is for a write here; a forward holds one of the queue's forward lanes instead
+    // (see `MAX_FORWARDS`). A pause (a leader's lease, an election) holds neither.
+    let mut slot = Some(permit);
     let mut batch = batch;
     loop {
         let now = ctx.clock.now_ms();
@@ -379,11 +395,9 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             })
             .collect();
         let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds })).await;
-        if let (Some(fill), Ok(Ok(_)), Some(_)) = (&ctx.fill, &write, &permit) {
+        if let (Some(fill), Ok(Ok(_)), Some(_)) = (&ctx.fill, &write, &slot) {
             fill.committed(batch.len());
         }
-        // The slot is for local writes only: forwarding and waiting for a leader hold none.
-        drop(permit.take());
         let f = match write {
             Ok(Ok(resp)) => {
                 ctx.metrics.proposed_batches.inc();
@@ -406,6 +420,7 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                 return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64));
             }
             ctx.metrics.propose_lease_waits.inc();
+            drop(slot.take());
             tokio::time::sleep(pause).await;
             continue;
         }
@@ -416,22 +431,88 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             return;
         }
         let gone = match (f.leader_id, f.leader_node) {
-            (Some(id), Some(leader)) => match forward(&ctx.http, &leader.cluster_addr, &batch, deadline).await {
-                Ok(replies) => {
-                    for (p, r) in batch.into_iter().zip(replies) {
-                        let _ = p.reply.send(r);
+            (Some(id), Some(leader)) => {
+                // The batch keeps its slot until a lane is free: with every lane out, what queues
+                // meanwhile joins the next batch instead of making forwards of its own. Another
+                // leader elected meanwhile: ask Raft again.
+                let free = tokio::time::timeout_at(deadline, ctx.forwards.clone().acquire_owned());
+                let lane = match unless_replaced(&ctx.raft, id, free).await {
+                    Some(Ok(Ok(permit))) => Lane::new(permit, &ctx.metrics.forward_lanes_busy),
+                    Some(Ok(Err(_))) => return answer_all(batch, ProposeError::Stopped),
+                    Some(Err(_)) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
+                    None => continue,
+                };
+                drop(slot.take());
+                let sent = {
+                    let sent = forward(&ctx.http, &leader.cluster_addr, &batch, deadline);
+                    tokio::pin!(sent);
+                    // A lane is held while its leader leads: forwards stuck on a leader that froze
+                    // or is cut off do not hold up the forwards to the next one.
+                    match unless_replaced(&ctx.raft, id, &mut sent).await {
+                        Some(out) => out,
+                        None => {
+                            drop(lane);
+                            sent.await
+                        }
                     }
-                    return;
+                };
+                match sent {
+                    Ok(replies) => {
+                        ctx.metrics.forwarded_batches.inc();
+                        ctx.metrics.forwarded_commands.inc_by(batch.len() as u64);
+                        for (p, r) in batch.into_iter().zip(replies) {
+                            let _ = p.reply.send(r);
+                        }
+                        return;
+                    }
+                    // The leader is not there (killed): the next one will be.
+                    Err(Unreached) => Some(id),
+                    Err(Failed(e)) => return answer_all(batch, e),
                 }
-                // The leader is not there (killed): the next one will be.
-                Err(Unreached) => Some(id),
-                Err(Failed(e)) => return answer_all(batch, e),
-            },
+            }
             _ => None,
         };
+        drop(slot.take());
         if !next_leader(&ctx.raft, gone, deadline).await {
             return answer_all(batch, ProposeError::NoLeader);
         }
+    }
+}
+
+/// A forward lane in use, counted in `gateway_forward_lanes_busy` until it is let go.
+struct Lane {
+    _permit: OwnedSemaphorePermit,
+    busy: Gauge,
+}
+
+impl Lane {
+    fn new(permit: OwnedSemaphorePermit, busy: &Gauge) -> Lane {
+        busy.inc();
+        Lane { _permit: permit, busy: busy.clone() }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        self.busy.dec();
+    }
+}
+
+/// `fut`'s output, or None once `leader` is no longer the leader this node knows (another was
+/// elected, or an election began).
+async fn unless_replaced<T>(raft: &Raft, leader: NodeId, fut: impl std::future::Future<Output = T>) -> Option<T> {
+    // Server metrics change with the vote, the role, the leader and the membership only.
+    let mut rx = raft.server_metrics();
+    let replaced = async move {
+        while rx.borrow_watched().current_leader == Some(leader) {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        out = fut => Some(out),
+        () = replaced => None,
     }
 }
 
