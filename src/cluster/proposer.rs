@@ -56,13 +56,14 @@ pub const QUEUED_BYTES: usize = 16 * MAX_BATCH_BYTES;
 /// fsync); with two, the next batch is already queued in openraft when the log flushes.
 pub const MAX_IN_FLIGHT: usize = 2;
 
-/// Forwards to the leader a follower's bulk queue has in flight at once (its urgent queue:
-/// [`MAX_IN_FLIGHT`]). A forward is answered when the leader's entry commits, so a follower with
+/// Forwards to the leader a follower's bulk queue has in flight at once (its urgent queue has no
+/// such bound: a renewal never waits behind another forward, and there are a few a second). A
+/// forward is answered when the leader's entry commits, so a follower with
 /// only a few callers forwards each at once and the leader's batches merge them (as many as
 /// [`MAX_IN_FLIGHT`] would hold back every third caller of eight spread over three nodes); a
-/// follower with many folds what queues while all are out into its next forward. Both queues
-/// together stay within the eight idle connections a host the HTTP client's pool keeps, so the
-/// forwards reuse their connections instead of dialling the leader again.
+/// follower with many folds what queues while all are out into its next forward. Six stay within
+/// the eight idle connections a host the HTTP client's pool keeps, so the forwards reuse their
+/// connections instead of dialling the leader again.
 pub const MAX_FORWARDS: usize = 6;
 
 /// Longest a bulk batch waits for the callers the last commits answered (see [`Fill`]).
@@ -129,9 +130,16 @@ impl Proposer {
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
         let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
-        let forwards = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-        let ctx =
-            Ctx { raft, http: Arc::new(http), timeout, metrics, clock, tasks: tasks.clone(), fill: None, forwards };
+        let ctx = Ctx {
+            raft,
+            http: Arc::new(http),
+            timeout,
+            metrics,
+            clock,
+            tasks: tasks.clone(),
+            fill: None,
+            forwards: None,
+        };
         tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
         Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout }
     }
@@ -243,8 +251,8 @@ struct Ctx {
     tasks: TaskTracker,
     /// The bulk queue's: what its local writes answered (none for the urgent queue).
     fill: Option<Arc<Fill>>,
-    /// The queue's forwards in flight ([`MAX_FORWARDS`] for the bulk queue).
-    forwards: Arc<Semaphore>,
+    /// The bulk queue's forward lanes ([`MAX_FORWARDS`]); none for the urgent queue.
+    forwards: Option<Arc<Semaphore>>,
 }
 
 /// A batch that waits to fill. Clients that write again as soon as they are answered (a
@@ -283,7 +291,7 @@ async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pendi
         }
     };
     let fill = Arc::new(Fill::default());
-    let bulk = Ctx { fill: Some(fill.clone()), forwards: Arc::new(Semaphore::new(MAX_FORWARDS)), ..ctx.clone() };
+    let bulk = Ctx { fill: Some(fill.clone()), forwards: Some(Arc::new(Semaphore::new(MAX_FORWARDS))), ..ctx.clone() };
     let abandoned = ctx.metrics.propose_abandoned.clone();
     tokio::join!(
         batches(urgent, cancel.clone(), None, abandoned.clone(), spawn(ctx)),
@@ -380,8 +388,8 @@ fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending, abandoned: &Coun
 /// its device retry into it. Leader duties (`local_only`) fail at once on a non-leader.
 async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit) {
     let deadline = tokio::time::Instant::now() + ctx.timeout;
-    // The slot is for a write here; a forward holds one of the queue's forward lanes instead
-    // (see `MAX_FORWARDS`). A pause (a leader's lease, an election) holds neither.
+    // The slot is for a write here; a bulk forward holds one of the queue's lanes instead (see
+    // `MAX_FORWARDS`), an urgent one neither. A pause (a leader's lease, an election) holds none.
     let mut slot = Some(permit);
     let mut batch = batch;
     loop {
@@ -408,6 +416,7 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                 return;
             }
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f,
+            Ok(Err(RaftError::Fatal(_))) => return answer_all(batch, ProposeError::Stopped),
             Ok(Err(e)) => return answer_all(batch, ProposeError::Rejected(e.to_string())),
             Err(_) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
         };
@@ -433,27 +442,44 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
         let gone = match (f.leader_id, f.leader_node) {
             (Some(id), Some(leader)) => {
                 // The batch keeps its slot until a lane is free: with every lane out, what queues
-                // meanwhile joins the next batch instead of making forwards of its own. Another
-                // leader elected meanwhile: ask Raft again.
-                let free = tokio::time::timeout_at(deadline, ctx.forwards.clone().acquire_owned());
-                let lane = match unless_replaced(&ctx.raft, id, free).await {
-                    Some(Ok(Ok(permit))) => Lane::new(permit, &ctx.metrics.forward_lanes_busy),
-                    Some(Ok(Err(_))) => return answer_all(batch, ProposeError::Stopped),
-                    Some(Err(_)) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
-                    None => continue,
+                // meanwhile joins the next batch instead of making forwards of its own. The
+                // leader replaced meanwhile (or an election begun): ask Raft again.
+                let lane = match &ctx.forwards {
+                    None => None,
+                    Some(lanes) => {
+                        let free = tokio::time::timeout_at(deadline, lanes.clone().acquire_owned());
+                        match unless_replaced(&ctx.raft, id, free).await {
+                            Some(Ok(Ok(permit))) => Some(Lane::new(permit, &ctx.metrics.forward_lanes_busy)),
+                            Some(Ok(Err(_))) => return answer_all(batch, ProposeError::Stopped),
+                            Some(Err(_)) => {
+                                return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64))
+                            }
+                            None => continue,
+                        }
+                    }
                 };
                 drop(slot.take());
+                // Callers that gave up while the batch waited for a lane are not forwarded.
+                let before = batch.len();
+                batch.retain(|p| !p.reply.is_closed());
+                ctx.metrics.propose_abandoned.inc_by((before - batch.len()) as u64);
+                if batch.is_empty() {
+                    return;
+                }
                 let sent = {
                     let sent = forward(&ctx.http, &leader.cluster_addr, &batch, deadline);
                     tokio::pin!(sent);
                     // A lane is held while its leader leads: forwards stuck on a leader that froze
                     // or is cut off do not hold up the forwards to the next one.
-                    match unless_replaced(&ctx.raft, id, &mut sent).await {
-                        Some(out) => out,
-                        None => {
-                            drop(lane);
-                            sent.await
-                        }
+                    match lane {
+                        None => sent.await,
+                        Some(lane) => match unless_replaced(&ctx.raft, id, &mut sent).await {
+                            Some(out) => out,
+                            None => {
+                                drop(lane);
+                                sent.await
+                            }
+                        },
                     }
                 };
                 match sent {
@@ -498,19 +524,28 @@ impl Drop for Lane {
     }
 }
 
-/// `fut`'s output, or None once `leader` is no longer the leader this node knows (another was
-/// elected, or an election began).
+/// `fut`'s output, or None once the leader this node knows changes from what it was at the call
+/// to someone other than `leader` (another was elected, or an election began). Compared with the
+/// leader shown at the call, not with `leader` alone: the metrics can lag the answer that named
+/// `leader` (and in a handover they show this node until the new leader takes over), and a
+/// difference that was there from the start must not end the wait at once, again and again.
 async fn unless_replaced<T>(raft: &Raft, leader: NodeId, fut: impl std::future::Future<Output = T>) -> Option<T> {
     // Server metrics change with the vote, the role, the leader and the membership only.
     let mut rx = raft.server_metrics();
+    let shown = rx.borrow_watched().current_leader;
     let replaced = async move {
-        while rx.borrow_watched().current_leader == Some(leader) {
+        loop {
             if rx.changed().await.is_err() {
-                break;
+                return;
+            }
+            let now = rx.borrow_watched().current_leader;
+            if now != shown && now != Some(leader) {
+                return;
             }
         }
     };
     tokio::select! {
+        biased;
         out = fut => Some(out),
         () = replaced => None,
     }
