@@ -1,5 +1,5 @@
 //! A follower forwards its writes to the leader over a few pooled connections, however many
-//! callers it has: a forward takes one of the bulk queue's lanes (`proposer::MAX_FORWARDS`, six)
+//! callers it has: a forward takes one of the bulk queue's lanes (`cluster::forward::MAX_FORWARDS`, six)
 //! and the batch keeps its slot until one is free, so what queues while every lane is out goes in
 //! the next forward. Before, a batch let its slot go once it was forwarded: a follower with many
 //! callers had a forward in flight for every one or two of them, each on a connection of its own,

@@ -4,6 +4,7 @@
 //! [`Command`], the crate-wide [`Reply`], openraft or redb. Behind it: the batching proposer
 //! (follower → leader forwarding included), blocking-pool reads of `state.redb`, and openraft.
 
+mod forward;
 pub mod membership;
 pub mod proposer;
 mod status;
@@ -315,7 +316,7 @@ impl Handle {
         self.write(Init { cluster_id }).await
     }
 
-    /// Commands a follower forwarded (`POST` [`proposer::FORWARD_PATH`], project codec): they
+    /// Commands a follower forwarded (`POST` [`forward::FORWARD_PATH`], project codec): they
     /// join this node's next batches; the encoded replies come back in order.
     pub async fn propose_forwarded(&self, body: &[u8]) -> Result<Vec<u8>, RpcError> {
         let cmds: Vec<Command> = decode(body).map_err(RpcError::BadRequest)?;

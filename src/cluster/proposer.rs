@@ -14,24 +14,19 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use super::forward::ForwardFailed::{Failed, Unreached};
+use super::forward::{forward, unless_replaced, Lane, MAX_FORWARDS};
 use crate::clock::ClusterClock;
-use crate::codec::{decode, encode};
-use crate::http::{HttpClient, HttpError, MAX_APPEND_BYTES};
-use crate::machine::{Command, NodeId, Reply};
+use crate::http::{HttpClient, MAX_APPEND_BYTES};
+use crate::machine::{Command, Reply};
 use crate::metrics::Metrics;
 use crate::raft::types::{Raft, Request, TypeConfig};
 use openraft::async_runtime::WatchReceiver as _;
-
-/// Where followers forward writes to the leader. Versioned: the reply layout changed with the
-/// per-command replies (`machine::Reply`), and a node of another layout must answer 404 (a
-/// forward error, retried) rather than be misread.
-pub const FORWARD_PATH: &str = "/cluster/propose/v2";
 
 /// Most commands folded into one log entry.
 pub const MAX_BATCH: usize = 1024;
@@ -55,16 +50,6 @@ pub const QUEUED_BYTES: usize = 16 * MAX_BATCH_BYTES;
 /// the batch in flight (benches/claims.rs measured ~C/2 commands per entry and 1.00 entries per
 /// fsync); with two, the next batch is already queued in openraft when the log flushes.
 pub const MAX_IN_FLIGHT: usize = 2;
-
-/// Forwards to the leader a follower's bulk queue has in flight at once (its urgent queue has no
-/// such bound: a renewal never waits behind another forward, and there are a few a second). A
-/// forward is answered when the leader's entry commits, so a follower with
-/// only a few callers forwards each at once and the leader's batches merge them (as many as
-/// [`MAX_IN_FLIGHT`] would hold back every third caller of eight spread over three nodes); a
-/// follower with many folds what queues while all are out into its next forward. Six stay within
-/// the eight idle connections a host the HTTP client's pool keeps, so the forwards reuse their
-/// connections instead of dialling the leader again.
-pub const MAX_FORWARDS: usize = 6;
 
 /// Longest a bulk batch waits for the callers the last commits answered (see [`Fill`]).
 pub const MAX_LINGER: Duration = Duration::from_millis(1);
@@ -467,7 +452,8 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                     return;
                 }
                 let sent = {
-                    let sent = forward(&ctx.http, &leader.cluster_addr, &batch, deadline);
+                    let cmds: Vec<&Command> = batch.iter().map(|p| &p.cmd).collect();
+                    let sent = forward(&ctx.http, &leader.cluster_addr, &cmds, deadline);
                     tokio::pin!(sent);
                     // A lane is held while its leader leads: forwards stuck on a leader that froze
                     // or is cut off do not hold up the forwards to the next one.
@@ -505,52 +491,6 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
     }
 }
 
-/// A forward lane in use, counted in `gateway_forward_lanes_busy` until it is let go.
-struct Lane {
-    _permit: OwnedSemaphorePermit,
-    busy: Gauge,
-}
-
-impl Lane {
-    fn new(permit: OwnedSemaphorePermit, busy: &Gauge) -> Lane {
-        busy.inc();
-        Lane { _permit: permit, busy: busy.clone() }
-    }
-}
-
-impl Drop for Lane {
-    fn drop(&mut self) {
-        self.busy.dec();
-    }
-}
-
-/// `fut`'s output, or None once the leader this node knows changes from what it was at the call
-/// to someone other than `leader` (another was elected, or an election began). Compared with the
-/// leader shown at the call, not with `leader` alone: the metrics can lag the answer that named
-/// `leader` (and in a handover they show this node until the new leader takes over), and a
-/// difference that was there from the start must not end the wait at once, again and again.
-async fn unless_replaced<T>(raft: &Raft, leader: NodeId, fut: impl std::future::Future<Output = T>) -> Option<T> {
-    // Server metrics change with the vote, the role, the leader and the membership only.
-    let mut rx = raft.server_metrics();
-    let shown = rx.borrow_watched().current_leader;
-    let replaced = async move {
-        loop {
-            if rx.changed().await.is_err() {
-                return;
-            }
-            let now = rx.borrow_watched().current_leader;
-            if now != shown && now != Some(leader) {
-                return;
-            }
-        }
-    };
-    tokio::select! {
-        biased;
-        out = fut => Some(out),
-        () = replaced => None,
-    }
-}
-
 /// How long a leader waits before it retries a write refused for want of a valid leader lease.
 const LEASE_RETRY: Duration = Duration::from_millis(10);
 
@@ -574,40 +514,6 @@ fn answer_all(batch: Vec<Pending>, e: ProposeError) {
     for p in batch {
         let _ = p.reply.send(Err(e.clone()));
     }
-}
-
-/// Why a forward got no replies.
-enum ForwardFailed {
-    /// No connection to the leader: it is gone (or cut off); another leader is worth waiting for.
-    Unreached,
-    Failed(ProposeError),
-}
-use ForwardFailed::{Failed, Unreached};
-
-/// Sends `batch` to the leader at `leader`; one reply per command, in order.
-async fn forward(
-    http: &HttpClient,
-    leader: &str,
-    batch: &[Pending],
-    deadline: tokio::time::Instant,
-) -> Result<Vec<Result<Reply, ProposeError>>, ForwardFailed> {
-    let cmds: Vec<Command> = batch.iter().map(|p| p.cmd.clone()).collect();
-    let failed = |e: String| Failed(ProposeError::Forward(e));
-    let body = encode(&cmds).map_err(|e| failed(e.to_string()))?;
-    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let (status, bytes) = match http.post_bin(leader, FORWARD_PATH, body, timeout).await {
-        Ok(answer) => answer,
-        Err(HttpError::Connect { .. }) => return Err(Unreached),
-        Err(e) => return Err(failed(e.to_string())),
-    };
-    if !status.is_success() {
-        return Err(failed(format!("{leader} answered {status}")));
-    }
-    let replies: Vec<Result<Reply, ProposeError>> = decode(&bytes).map_err(|e| failed(e.to_string()))?;
-    if replies.len() != batch.len() {
-        return Err(failed("reply count mismatch".into()));
-    }
-    Ok(replies)
 }
 
 #[cfg(test)]
