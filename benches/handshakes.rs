@@ -26,6 +26,11 @@
 //!    took to commit a renewal while the handshakes kept every core busy (a renewal every
 //!    `lease/5` = 2 s per node, so a run of 30 s gives ~45 of them).
 //!
+//! Under the table, each gateway run's server CPU a handshake by thread name (`device`: the
+//! handshakes and sessions; `cluster`: Raft, the forwards, the cluster listener, the state apply;
+//! `raft-log`: the log writer) beside what the goal of 0.7× the bare server's rate would
+//! leave the servers at the CPU the bare run used a handshake.
+//!
 //! Prints a table and a JSON line; asserts nothing.
 
 mod support;
@@ -48,6 +53,10 @@ const TRIM_WAIT: Duration = Duration::from_secs(12);
 /// Handshakes in flight at once while the project's client fills a node with idle devices.
 const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where [`Run::by_thread`] puts the CPU time of threads that ended during the run.
+const ENDED: &str = "(ended threads)";
+/// The goal for three nodes: this share of the bare server's handshake rate.
+const GOAL_SHARE: f64 = 0.7;
 const NODE_ARGS: [&str; 8] =
     ["--admit-rate", "1000000", "--admit-burst", "100000", "--overload-commit-ms", "0", "--lease-ms", "10000"];
 
@@ -86,7 +95,10 @@ fn main() {
     let bare_bytes = rt.block_on(idle_raw(&targets, child.id(), idle, "bare"));
     let hs = rt.block_on(handshakes(&targets, &[child.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
+    let bare_cpu = hs.cpu_per();
     rows.push(row("bare fastwebsockets", &hs, Some(bare_bytes), bare_rate, bare_bytes));
+    // Where each gateway run's CPU went, printed under the table.
+    let mut splits = Vec::new();
     let _ = child.kill();
     let _ = child.wait();
 
@@ -104,6 +116,7 @@ fn main() {
     let raw = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
     let hs = rt.block_on(handshakes(&t, &[c.nodes[0].pid], conc, secs, "c1"));
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
+    splits.push(split("gateway 1 node", &hs, bare_cpu));
     // The same node with steering on, as real devices connect: every handshake after a device's
     // first reads its route and floor on the blocking pool before the claim (placement keeps it here).
     let steered: Vec<Target> = t.iter().map(|t| Target { steer: true, ..t.clone() }).collect();
@@ -141,7 +154,9 @@ fn main() {
     let hs = rt.block_on(handshakes(&t, &pids, conc, secs, "c3"));
     let after = scrape_all(&rt);
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
+    splits.push(split("gateway 3 nodes", &hs, bare_cpu));
     drop(c);
+    splits.iter().flatten().for_each(|line| println!("{line}"));
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
     println!(
@@ -172,7 +187,31 @@ fn row(name: &str, hs: &Run, idle_bytes: Option<u64>, bare_rate: f64, bare_bytes
     json!({"server": name, "handshakes_per_s": rate, "p50_ms": hs.pct(0.5), "p99_ms": hs.pct(0.99),
            "server_cpu_us_per_handshake": server_cpu, "loader_cpu_us_per_handshake": loader_cpu,
            "server_switches_per_handshake": hs.switches_per(),
+           "server_cpu_us_per_handshake_by_thread": hs.by_thread.iter().map(|(n, us)| (n.clone(), *us as f64 / hs.ok.max(1) as f64)).collect::<BTreeMap<_, _>>(),
            "idle_bytes_per_conn": idle_bytes, "errors": hs.errors})
+}
+
+/// Where a gateway run's server CPU went, by thread name (µs a handshake, every process together),
+/// and what [`GOAL_SHARE`] of the bare server's rate would leave the servers: at the bare run's
+/// CPU a handshake (server and loader together, `bare`) the machine made its rate; at the same
+/// CPU use, 0.7× that rate is `(bare server + bare loader) / 0.7` a handshake, less this run's
+/// loader. None without handshakes.
+fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
+    let (_, loader) = hs.cpu_per()?;
+    let per = |us: u64| us as f64 / hs.ok as f64;
+    // Threads under half a microsecond a handshake (the main thread, the state hold timer) are left out.
+    let mut parts: Vec<(&String, &u64)> =
+        hs.by_thread.iter().filter(|(n, us)| n.as_str() != ENDED && per(**us) >= 0.5).collect();
+    parts.sort_by(|a, b| b.1.cmp(a.1));
+    let ended = hs.by_thread.get(ENDED).copied().unwrap_or(0);
+    let listed = parts.iter().map(|(n, us)| format!("{n} {:.0}", per(**us))).collect::<Vec<_>>().join(", ");
+    let budget = bare.map_or(String::new(), |(s, l)| {
+        format!(
+            "; {GOAL_SHARE}x the bare server's rate at its CPU use leaves the servers {:.0} us a handshake beside this loader's {loader:.0}",
+            (s + l) / GOAL_SHARE - loader
+        )
+    });
+    Some(format!("{name}, server CPU us a handshake by thread: {listed}, threads that ended {:.0}{budget}", per(ended)))
 }
 
 /// The three nodes' lease renewals during their handshake run (`gateway_lease_renewal_seconds`,
@@ -307,6 +346,9 @@ struct Run {
     cpu_us: (u64, u64),
     /// Context switches of the server's threads over the run (every process together).
     switches: u64,
+    /// The servers' CPU time (µs) over the run by thread name, every process together; the time
+    /// of threads that ended meanwhile under [`ENDED`].
+    by_thread: BTreeMap<String, u64>,
 }
 
 impl Run {
@@ -368,8 +410,14 @@ async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
 async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, tag: &str) -> Run {
     let cpu = || (pids.iter().map(|p| support::cpu_us(*p).unwrap_or(0)).sum::<u64>(), support::cpu_us(0).unwrap_or(0));
     let switches = || pids.iter().map(|p| support::switches(*p)).sum::<u64>();
+    let threads = || -> Vec<((u32, u32), String, u64)> {
+        pids.iter()
+            .flat_map(|&p| support::thread_cpu_us(p).into_iter().map(move |(t, n, us)| ((p, t), n, us)))
+            .collect()
+    };
     let cpu_before = cpu();
     let switches_before = switches();
+    let threads_before: HashMap<(u32, u32), u64> = threads().into_iter().map(|(id, _, us)| (id, us)).collect();
     let until = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -408,9 +456,15 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
         }
     }
     all.elapsed = start.elapsed();
+    let threads_after = threads();
     let cpu_after = cpu();
     all.switches = switches().saturating_sub(switches_before);
     all.cpu_us = (cpu_after.0.saturating_sub(cpu_before.0), cpu_after.1.saturating_sub(cpu_before.1));
+    for (id, name, us) in threads_after {
+        *all.by_thread.entry(name).or_default() += us.saturating_sub(threads_before.get(&id).copied().unwrap_or(0));
+    }
+    let listed: u64 = all.by_thread.values().sum();
+    all.by_thread.insert(ENDED.to_string(), all.cpu_us.0.saturating_sub(listed));
     all.lat_us.sort_unstable();
     all
 }

@@ -257,6 +257,25 @@ pub fn switches(pid: u32) -> u64 {
     tasks.flatten().filter_map(|t| fs::read_to_string(t.path().join("status")).ok()).map(count).sum()
 }
 
+/// CPU time (user + system, µs) each thread of `pid` has used so far, with its id and name
+/// (`device`, `cluster`, `raft-log`...: a runtime's workers and its blocking pool share its name),
+/// from `/proc/<pid>/task/*/stat`. Like [`switches`], a thread that ended takes its time with it:
+/// over a run, the process's own total ([`cpu_us`]) less the differences of the threads alive at
+/// its end is what the threads that ended meanwhile used.
+pub fn thread_cpu_us(pid: u32) -> Vec<(u32, String, u64)> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let read = |task: fs::DirEntry| -> Option<(u32, String, u64)> {
+        let tid = task.file_name().to_str()?.parse().ok()?;
+        let stat = fs::read_to_string(task.path().join("stat")).ok()?;
+        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // Fields 14 and 15 (utime, stime) of proc(5), in USER_HZ (100 Hz) ticks.
+        let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        Some((tid, stat[open + 1..close].to_string(), (ticks(14) + ticks(15)) * 10_000))
+    };
+    tasks.flatten().filter_map(read).collect()
+}
+
 /// CPU time (user + system) `pid` used so far, in microseconds; `None` if unreadable. `pid` 0
 /// is this process.
 pub fn cpu_us(pid: u32) -> Option<u64> {
