@@ -54,7 +54,7 @@ const TRIM_WAIT: Duration = Duration::from_secs(12);
 const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where [`Run::by_thread`] puts the rest of the servers' CPU time: what threads that ended during
-/// the run used, and the rounding of each thread's 10 ms ticks against the process's own.
+/// the run used, and the gap between the kernel's per-thread and per-process accounting.
 const ENDED: &str = "(ended threads)";
 /// The goal for three nodes: this share of the bare server's handshake rate.
 const GOAL_SHARE: f64 = 0.7;
@@ -212,10 +212,7 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
             (s + l) / GOAL_SHARE - loader
         )
     });
-    Some(format!(
-        "{name}, server CPU us a handshake by thread: {listed}, threads that ended and rounding {:.0}{budget}",
-        per(ended)
-    ))
+    Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(ended)))
 }
 
 /// The three nodes' lease renewals during their handshake run (`gateway_lease_renewal_seconds`,

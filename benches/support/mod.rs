@@ -261,7 +261,8 @@ pub fn switches(pid: u32) -> u64 {
 /// (`device`, `cluster`, `raft-log`...: a runtime's workers and its blocking pool share its name),
 /// from `/proc/<pid>/task/*/stat`. Like [`switches`], a thread that ended takes its time with it:
 /// over a run, the process's own total ([`cpu_us`]) less the differences of the threads alive at
-/// its end is what the threads that ended meanwhile used.
+/// its end is what the threads that ended meanwhile used (and the gap between the kernel's
+/// per-thread and per-process accounting).
 pub fn thread_cpu_us(pid: u32) -> Vec<(u32, String, u64)> {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let read = |task: fs::DirEntry| -> Option<(u32, String, u64)> {
