@@ -55,7 +55,7 @@ const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Where [`Run::by_thread`] puts the rest of the servers' CPU time: what threads that ended during
 /// the run used, and the gap between the kernel's per-thread and per-process accounting.
-const ENDED: &str = "(ended threads)";
+const REST: &str = "(rest)";
 /// The goal for three nodes: this share of the bare server's handshake rate.
 const GOAL_SHARE: f64 = 0.7;
 const NODE_ARGS: [&str; 8] =
@@ -202,9 +202,9 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
     let per = |us: u64| us as f64 / hs.ok as f64;
     // Threads under half a microsecond a handshake (the main thread, the state hold timer) are left out.
     let mut parts: Vec<(&String, &u64)> =
-        hs.by_thread.iter().filter(|(n, us)| n.as_str() != ENDED && per(**us) >= 0.5).collect();
+        hs.by_thread.iter().filter(|(n, us)| n.as_str() != REST && per(**us) >= 0.5).collect();
     parts.sort_by(|a, b| b.1.cmp(a.1));
-    let ended = hs.by_thread.get(ENDED).copied().unwrap_or(0);
+    let rest = hs.by_thread.get(REST).copied().unwrap_or(0);
     let listed = parts.iter().map(|(n, us)| format!("{n} {:.0}", per(**us))).collect::<Vec<_>>().join(", ");
     let budget = bare.map_or(String::new(), |(s, l)| {
         format!(
@@ -212,7 +212,7 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
             (s + l) / GOAL_SHARE - loader
         )
     });
-    Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(ended)))
+    Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(rest)))
 }
 
 /// The three nodes' lease renewals during their handshake run (`gateway_lease_renewal_seconds`,
@@ -347,8 +347,8 @@ struct Run {
     cpu_us: (u64, u64),
     /// Context switches of the server's threads over the run (every process together).
     switches: u64,
-    /// The servers' CPU time (µs) over the run by thread name, every process together; the time
-    /// of threads that ended meanwhile under [`ENDED`].
+    /// The servers' CPU time (µs) over the run by thread name, every process together; what the
+    /// threads alive at the end do not account for under [`REST`].
     by_thread: BTreeMap<String, u64>,
 }
 
@@ -465,7 +465,7 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
         *all.by_thread.entry(name).or_default() += us.saturating_sub(threads_before.get(&id).copied().unwrap_or(0));
     }
     let listed: u64 = all.by_thread.values().sum();
-    all.by_thread.insert(ENDED.to_string(), all.cpu_us.0.saturating_sub(listed));
+    all.by_thread.insert(REST.to_string(), all.cpu_us.0.saturating_sub(listed));
     all.lat_us.sort_unstable();
     all
 }
