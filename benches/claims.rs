@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use gateway::http::HttpClient;
 use serde_json::{json, Value};
 use support::postgres::{self, Postgres, Setup};
-use support::{loadavg, scrape, Cluster};
+use support::{loadavg, scrape, Cluster, ThreadCpu};
 
 const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -212,11 +212,13 @@ fn table(
             let before_all = scrape_nodes(rt, cluster);
             let load_before = loadavg();
             let cpu_before = cpu(cluster, &leader);
+            let threads_before = nodes_pids(cluster, &leader).map(|pids| ThreadCpu::read(&pids));
             // Fresh devices in every round: a device id from an earlier round has a floor.
             let tag = if round == 1 { format!("{c}{via}") } else { format!("{c}{via}r{round}") };
             let r = rt.block_on(run(&cluster.secret, &targets, c, Duration::from_secs(secs), &tag, &op));
             claimed.extend(r.claimed.iter().cloned());
             let cpu_after = cpu(cluster, &leader);
+            let by_thread = threads_before.map(|before| ThreadCpu::since(&before));
             let after_all = scrape_nodes(rt, cluster);
             let none = HashMap::new();
             let before = before_all.get(&leader).unwrap_or(&none);
@@ -289,6 +291,7 @@ fn table(
                 "commands_per_entry": ratio(cmds, batches), "entries_per_fsync": ratio(entries, fsyncs),
                 per_fsync_key: ratio(cmds, fsyncs),
                 "cpu_us_per_op": {"leader": cpu_per[0], "followers": cpu_per[1], "loader": cpu_per[2]},
+                "cpu_us_per_op_by_thread": {"leader": per_op(&by_thread[0], r.ok), "followers": per_op(&by_thread[1], r.ok)},
                 "switches_per_op": {"leader": sw_per[0], "followers": sw_per[1]},
                 "snapshots_built": snapshots,
                 "errors": r.errors, "leader": leader, "leader_after": leader_after,
@@ -387,6 +390,18 @@ fn switches(nodes: &HashMap<String, HashMap<String, f64>>, leader: &str) -> [f64
         out[usize::from(addr != leader)] += total;
     }
     out
+}
+
+/// The pids of the leader and of the two followers.
+fn nodes_pids(cluster: &Cluster, leader: &str) -> [Vec<u32>; 2] {
+    let pids =
+        |lead: bool| cluster.nodes.iter().filter(|n| (n.cluster_addr == leader) == lead).map(|n| n.pid).collect();
+    [pids(true), pids(false)]
+}
+
+/// CPU microseconds a request by thread name (`device`, `cluster`, `raft-log`, the rest).
+fn per_op(by_thread: &BTreeMap<String, u64>, ops: u64) -> BTreeMap<String, f64> {
+    by_thread.iter().map(|(name, us)| (name.clone(), *us as f64 / ops.max(1) as f64)).collect()
 }
 
 /// CPU time used so far (µs): the leader, both followers together, this loader.

@@ -41,7 +41,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::{loadavg, rss, Cluster};
+use support::{loadavg, rss, Cluster, ThreadCpu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -53,9 +53,6 @@ const TRIM_WAIT: Duration = Duration::from_secs(12);
 /// Handshakes in flight at once while the project's client fills a node with idle devices.
 const IDLE_IN_FLIGHT: usize = 32;
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Where [`Run::by_thread`] puts the rest of the servers' CPU time: what threads that ended during
-/// the run used, and the gap between the kernel's per-thread and per-process accounting.
-const REST: &str = "(rest)";
 /// The goal for three nodes: this share of the bare server's handshake rate.
 const GOAL_SHARE: f64 = 0.7;
 const NODE_ARGS: [&str; 8] =
@@ -202,9 +199,9 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
     let per = |us: u64| us as f64 / hs.ok as f64;
     // Threads under half a microsecond a handshake (the main thread, the state hold timer) are left out.
     let mut parts: Vec<(&String, &u64)> =
-        hs.by_thread.iter().filter(|(n, us)| n.as_str() != REST && per(**us) >= 0.5).collect();
+        hs.by_thread.iter().filter(|(n, us)| n.as_str() != ThreadCpu::REST && per(**us) >= 0.5).collect();
     parts.sort_by(|a, b| b.1.cmp(a.1));
-    let rest = hs.by_thread.get(REST).copied().unwrap_or(0);
+    let rest = hs.by_thread.get(ThreadCpu::REST).copied().unwrap_or(0);
     let listed = parts.iter().map(|(n, us)| format!("{n} {:.0}", per(**us))).collect::<Vec<_>>().join(", ");
     let budget = bare.map_or(String::new(), |(s, l)| {
         format!(
@@ -348,7 +345,7 @@ struct Run {
     /// Context switches of the server's threads over the run (every process together).
     switches: u64,
     /// The servers' CPU time (µs) over the run by thread name, every process together; what the
-    /// threads alive at the end do not account for under [`REST`].
+    /// threads alive at the end do not account for under [`ThreadCpu::REST`].
     by_thread: BTreeMap<String, u64>,
 }
 
@@ -411,14 +408,9 @@ async fn upgrade(t: &Target, request: &str) -> Result<TcpStream, String> {
 async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, tag: &str) -> Run {
     let cpu = || (pids.iter().map(|p| support::cpu_us(*p).unwrap_or(0)).sum::<u64>(), support::cpu_us(0).unwrap_or(0));
     let switches = || pids.iter().map(|p| support::switches(*p)).sum::<u64>();
-    let threads = || -> Vec<((u32, u32), String, u64)> {
-        pids.iter()
-            .flat_map(|&p| support::thread_cpu_us(p).into_iter().map(move |(t, n, us)| ((p, t), n, us)))
-            .collect()
-    };
     let cpu_before = cpu();
     let switches_before = switches();
-    let threads_before: HashMap<(u32, u32), u64> = threads().into_iter().map(|(id, _, us)| (id, us)).collect();
+    let threads_before = ThreadCpu::read(pids);
     let until = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..conc)
@@ -457,15 +449,10 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
         }
     }
     all.elapsed = start.elapsed();
-    let threads_after = threads();
+    all.by_thread = ThreadCpu::since(&threads_before);
     let cpu_after = cpu();
     all.switches = switches().saturating_sub(switches_before);
     all.cpu_us = (cpu_after.0.saturating_sub(cpu_before.0), cpu_after.1.saturating_sub(cpu_before.1));
-    for (id, name, us) in threads_after {
-        *all.by_thread.entry(name).or_default() += us.saturating_sub(threads_before.get(&id).copied().unwrap_or(0));
-    }
-    let listed: u64 = all.by_thread.values().sum();
-    all.by_thread.insert(REST.to_string(), all.cpu_us.0.saturating_sub(listed));
     all.lat_us.sort_unstable();
     all
 }

@@ -259,11 +259,8 @@ pub fn switches(pid: u32) -> u64 {
 
 /// CPU time (user + system, µs) each thread of `pid` has used so far, with its id and name
 /// (`device`, `cluster`, `raft-log`...: a runtime's workers and its blocking pool share its name),
-/// from `/proc/<pid>/task/*/stat`. Like [`switches`], a thread that ended takes its time with it:
-/// over a run, the process's own total ([`cpu_us`]) less the differences of the threads alive at
-/// its end is what the threads that ended meanwhile used (and the gap between the kernel's
-/// per-thread and per-process accounting).
-pub fn thread_cpu_us(pid: u32) -> Vec<(u32, String, u64)> {
+/// from `/proc/<pid>/task/*/stat`.
+fn thread_cpu_us(pid: u32) -> Vec<(u32, String, u64)> {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     let read = |task: fs::DirEntry| -> Option<(u32, String, u64)> {
         let tid = task.file_name().to_str()?.parse().ok()?;
@@ -275,6 +272,46 @@ pub fn thread_cpu_us(pid: u32) -> Vec<(u32, String, u64)> {
         Some((tid, stat[open + 1..close].to_string(), (ticks(14) + ticks(15)) * 10_000))
     };
     tasks.flatten().filter_map(read).collect()
+}
+
+/// Where the CPU time of some processes goes by thread name: a reading of every thread's time
+/// ([`ThreadCpu::read`]), and what each name used since an earlier reading ([`ThreadCpu::since`]).
+pub struct ThreadCpu {
+    pids: Vec<u32>,
+    /// Per (pid, thread id): the thread's name and its CPU time (µs) so far.
+    threads: HashMap<(u32, u32), (String, u64)>,
+    /// The processes' own totals (µs), threads that ended included.
+    total: u64,
+}
+
+impl ThreadCpu {
+    /// Under this name [`ThreadCpu::since`] puts the rest: what threads that ended in between
+    /// used (a thread that ends takes its time out of `/proc/<pid>/task`, not out of the
+    /// process's total), and the gap between the kernel's per-thread and per-process accounting.
+    pub const REST: &'static str = "(rest)";
+
+    pub fn read(pids: &[u32]) -> ThreadCpu {
+        let threads = pids
+            .iter()
+            .flat_map(|&p| thread_cpu_us(p).into_iter().map(move |(t, name, us)| ((p, t), (name, us))))
+            .collect();
+        let total = pids.iter().map(|p| cpu_us(*p).unwrap_or(0)).sum();
+        ThreadCpu { pids: pids.to_vec(), threads, total }
+    }
+
+    /// CPU time (µs) by thread name from `before` (a reading of the same processes) to now, the
+    /// rest under [`ThreadCpu::REST`].
+    pub fn since(before: &ThreadCpu) -> std::collections::BTreeMap<String, u64> {
+        let now = ThreadCpu::read(&before.pids);
+        let mut by_name = std::collections::BTreeMap::<String, u64>::new();
+        for (id, (name, us)) in &now.threads {
+            let was = before.threads.get(id).map_or(0, |(_, us)| *us);
+            *by_name.entry(name.clone()).or_default() += us.saturating_sub(was);
+        }
+        let listed: u64 = by_name.values().sum();
+        by_name.insert(Self::REST.to_string(), now.total.saturating_sub(before.total).saturating_sub(listed));
+        by_name
+    }
 }
 
 /// CPU time (user + system) `pid` used so far, in microseconds; `None` if unreadable. `pid` 0
