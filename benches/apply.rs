@@ -15,7 +15,9 @@
 //! for instruction counts run one workload under callgrind and toggle on [`timed`]:
 //! `APPLY_BENCH_ONLY=fresh:73 valgrind --tool=callgrind --collect-atstart=no
 //! --toggle-collect='apply::timed' target/release/deps/apply-<hash> --bench` (the reference runs
-//! in `timed_reference`, outside the toggle).
+//! in `support::replica::bare_inserts`, outside the toggle).
+
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
@@ -27,20 +29,10 @@ use gateway::raft::network::snapshot_body;
 use gateway::raft::state_machine::decode_snapshot;
 use gateway::raft::types::{Snapshot, SnapshotMeta, Vote};
 use gateway::store::state::StateDb;
-use redb::{Database, Durability, TableDefinition};
+use support::replica::{bare_inserts, device, dir};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn device(n: usize) -> String {
-    // Spread over the key space like independent devices (not in insert order).
-    format!("bench-{}-{}", n % 256, (n as u64).wrapping_mul(2_654_435_761) % 1_000_003)
-}
-
-fn dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.expect("a temp dir")
 }
 
 /// A state machine over a fresh `state.redb`: nodes 1–3 members with live leases, `held`
@@ -117,35 +109,6 @@ fn timed(m: &mut Machine, entries: Vec<Vec<Command>>) -> f64 {
     let t = Instant::now();
     for cmds in entries {
         m.entry(Input::Commands { term: 2, cmds });
-    }
-    t.elapsed().as_secs_f64()
-}
-
-const BARE: TableDefinition<&str, &[u8]> = TableDefinition::new("bare");
-
-/// The reference: `txns` transactions of `per` bare inserts (fresh keys); the seconds it took.
-#[inline(never)]
-fn timed_reference(per: usize, txns: usize, held: usize) -> f64 {
-    let dir = dir();
-    let db = Database::builder().set_cache_size(64 << 20).create(dir.path().join("bare.redb")).expect("bare.redb");
-    let value = [7u8; 64];
-    let insert = |from: usize, count: usize| {
-        let mut txn = db.begin_write().expect("begin");
-        txn.set_durability(Durability::None).expect("durability");
-        {
-            let mut t = txn.open_table(BARE).expect("table");
-            for n in from..from + count {
-                t.insert(device(n).as_str(), value.as_slice()).expect("insert");
-            }
-        }
-        txn.commit().expect("commit");
-    };
-    for from in (0..held).step_by(100) {
-        insert(from, 100.min(held - from));
-    }
-    let t = Instant::now();
-    for i in 0..txns {
-        insert(held + i * per, per);
     }
     t.elapsed().as_secs_f64()
 }
@@ -275,7 +238,7 @@ fn main() {
                 let mut m = Machine::new(held);
                 us.push(timed(&mut m, workload(kind, per, txns, held)) * 1e6 / cmds);
                 if only.is_none() {
-                    bare.push(timed_reference(per, txns, held) * 1e6 / cmds);
+                    bare.push(bare_inserts(per, txns, held) * 1e6 / cmds);
                 }
             }
             let (us, bare) = (median(us), if bare.is_empty() { f64::NAN } else { median(bare) });

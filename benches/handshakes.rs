@@ -29,7 +29,10 @@
 //! Under the table, each gateway run's server CPU a handshake by thread name (`device`: the
 //! handshakes and sessions; `cluster`: Raft, the forwards, the cluster listener, the state apply;
 //! `raft-log`: the log writer) beside what the issue's goal of 0.7× the bare server's rate would
-//! leave the servers at the CPU the bare run used a handshake.
+//! leave the servers at the CPU the bare run used a handshake. Under it, the floor of three
+//! replicas: the least any three-node gateway of this design could cost a handshake here (the
+//! bare server's CPU, six bare redb row writes and the run's log flushes at a bare flush's CPU;
+//! see [`replicas_floor`]) and the best share of the bare server's rate it leaves.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
@@ -157,10 +160,14 @@ fn main() {
     splits.iter().flatten().for_each(|line| println!("{line}"));
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
+    let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc);
+    if let Some((line, _)) = &floor3 {
+        println!("{line}");
+    }
     println!(
         "{}",
         json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
-               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json()})
+               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v)})
     );
 }
 
@@ -210,6 +217,41 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
         )
     });
     Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(rest)))
+}
+
+/// Rows a handshake writes over three replicas: its claim and its release, each applied on all three.
+const REPLICA_ROWS: f64 = 6.0;
+
+/// The least three replicas of this design could cost the servers a handshake on this machine,
+/// at the three-node run's batching (`raft`: its commands an entry and its flushes), with none
+/// of the gateway's own work: the bare server's CPU (the upgrade itself, on the same hyper and
+/// fastwebsockets), [`REPLICA_ROWS`] bare redb row writes in transactions of the run's commands
+/// an entry, and the run's log flushes a handshake at a bare flush's CPU. Beside it, the best
+/// share of the bare server's rate that floor allows at the bare run's CPU use and this run's
+/// loader (the same reckoning as [`split`]'s budget). None without both runs' handshakes.
+fn replicas_floor(
+    hs: &Run,
+    raft: &Renewals,
+    bare: Option<(f64, f64)>,
+    held: usize,
+) -> Option<(String, serde_json::Value)> {
+    let ((bare_s, bare_ld), (_, loader)) = (bare?, hs.cpu_per()?);
+    let per_entry = (raft.commands / raft.entries.max(1.0)).round().max(1.0) as usize;
+    let row = support::replica::row_us(per_entry, (20_000 / per_entry).max(200), held, 3);
+    let flush = support::flush_cpu_us(200);
+    let flushes = raft.fsyncs / hs.ok as f64;
+    let floor = bare_s + REPLICA_ROWS * row + flushes * flush;
+    let best = (bare_s + bare_ld) / (floor + loader);
+    let line = format!(
+        "gateway 3 nodes, the floor of three replicas at this run's batching: the bare server's {bare_s:.0} us \
+         + {REPLICA_ROWS} bare row writes of {row:.1} us (transactions of {per_entry}) + {flushes:.2} log flushes of \
+         {flush:.0} us CPU = {floor:.0} us a handshake: at most {best:.2}x the bare server's rate beside this loader's \
+         {loader:.0} us (goal {GOAL_SHARE}x)"
+    );
+    let json = json!({"bare_server_us": bare_s, "row_us": row, "rows": REPLICA_ROWS, "commands_per_entry": per_entry,
+                      "flush_cpu_us": flush, "flushes_per_handshake": flushes, "us_per_handshake": floor,
+                      "best_share": best});
+    Some((line, json))
 }
 
 /// The three nodes' lease renewals during their handshake run (`gateway_lease_renewal_seconds`,

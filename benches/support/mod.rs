@@ -1,12 +1,14 @@
 //! What the benches share: a cluster of real `gateway` processes on loopback ephemeral ports
 //! (killed on drop, also on panic), `/metrics` scraping, and the machine figures printed beside
 //! each result (load average, resident memory of a pid); `postgres` runs the claims bench's
-//! PostgreSQL reference.
+//! PostgreSQL reference; `replica` measures what a replica pays a command with none of the
+//! gateway's work (a bare row write; with [`flush_cpu_us`], a log flush's CPU).
 
 #![allow(dead_code)] // each bench uses its own subset
 
 pub mod postgres;
 mod procfs;
+pub mod replica;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -425,6 +427,22 @@ fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<f64> {
             .collect();
         threads.into_iter().flat_map(|t| t.join().expect("fsync probe thread")).collect()
     })
+}
+
+/// The median CPU time (this thread's, user and system) of `rounds` 4 KiB overwrites of a
+/// zero-filled file + `fdatasync`, one writer, as a Raft log segment is written: what a replica's
+/// flush of one entry costs its cores, in microseconds (the wait for the disk is not CPU).
+pub fn flush_cpu_us(rounds: usize) -> f64 {
+    let mut log = ProbeFile::new("flush-cpu", Some(rounds));
+    let mut v: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let before = replica::thread_cpu_us();
+            log.flush_block();
+            replica::thread_cpu_us() - before
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Measures [`Floor`]: `rounds` of each probe.
