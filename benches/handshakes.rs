@@ -7,9 +7,10 @@
 //! gateway and a three-node gateway cluster (all nodes taking handshakes, `steer=off`):
 //!
 //! 1. **Handshakes/s**: C tasks (`HANDSHAKES_BENCH_C`, default 64) loop for
-//!    `HANDSHAKES_BENCH_SECS` (default 5): connect, send the upgrade (a device token and a growing
-//!    `attempt` for the gateway), read the `101` head, then close abortively (RST), so every
-//!    gateway handshake is one claim and one release. Admission control is opened wide
+//!    `HANDSHAKES_BENCH_SECS` (default 5): connect, send the upgrade (for the gateway a device
+//!    token, minted once per task as a device holds its token, and a growing `attempt`), read the
+//!    `101` head, then close abortively (RST), so every gateway handshake is one claim and one
+//!    release. Admission control is opened wide
 //!    (`--admit-rate`, `--overload-commit-ms 0`): this measures capacity, not the shaping.
 //! 2. **Idle bytes per connection**: N connections (`HANDSHAKES_BENCH_IDLE`, default 2000) held on
 //!    one server process, resident memory before and after, divided by N. The gateway is
@@ -350,7 +351,7 @@ impl std::fmt::Display for Renewals {
 #[derive(Clone)]
 struct Target {
     addr: SocketAddr,
-    /// Device secret: mint a token per device (the gateway); None for the bare server.
+    /// Device secret: a token is minted for each device (the gateway); None for the bare server.
     secret: Option<String>,
     /// Whether the node may steer the device (`steer=on`, what real devices send: placement reads
     /// the device's route and floor before the claim); `steer=off` skips that read.
@@ -358,15 +359,22 @@ struct Target {
 }
 
 impl Target {
-    fn request(&self, device: &str, attempt: u64) -> String {
-        let auth = match &self.secret {
+    /// The `Authorization` header line for `device` (a token valid for an hour), or none for the
+    /// bare server. Minted once per device, as a device holds its token across reconnects: the
+    /// loader's CPU counts against the goal, and minting is not the servers' work.
+    fn auth(&self, device: &str) -> String {
+        match &self.secret {
             Some(s) => {
                 let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
                 let token = gateway::token::mint(s.as_bytes(), device, 0, exp + 3600).expect("mint token");
                 format!("Authorization: Bearer {token}\r\n")
             }
             None => String::new(),
-        };
+        }
+    }
+
+    /// The upgrade request with `auth` (from [`Target::auth`]).
+    fn request(&self, auth: &str, attempt: u64) -> String {
         format!(
             "GET /ws?attempt={attempt}&steer={} HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{auth}\r\n",
@@ -458,13 +466,13 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
     let tasks: Vec<_> = (0..conc)
         .map(|i| {
             let t = targets[i % targets.len()].clone();
-            let device = format!("hs-{tag}-{i}");
+            let auth = t.auth(&format!("hs-{tag}-{i}"));
             tokio::spawn(async move {
                 let mut run = Run::default();
                 let mut attempt = 0;
                 while Instant::now() < until {
                     attempt += 1;
-                    let req = t.request(&device, attempt);
+                    let req = t.request(&auth, attempt);
                     let t0 = Instant::now();
                     match upgrade(&t, &req).await {
                         Ok(s) => {
@@ -519,7 +527,7 @@ async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
     let mut held = Vec::with_capacity(n);
     for i in 0..n {
         let t = &targets[i % targets.len()];
-        match upgrade(t, &t.request(&format!("idle-{tag}-{i}"), 1)).await {
+        match upgrade(t, &t.request(&t.auth(&format!("idle-{tag}-{i}")), 1)).await {
             Ok(s) => held.push(s),
             Err(e) => panic!("idle connection {i}: {e}"),
         }
