@@ -35,6 +35,11 @@
 //! bare server's CPU, six bare redb row writes and the run's log flushes at a bare flush's CPU;
 //! see [`replicas_floor`]) and the best share of the bare server's rate it leaves.
 //!
+//! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
+//! bare server's handshakes and then the three nodes', back to back, and a line gives every
+//! round's ratio and their median (`rounds_3_nodes` in the JSON line): a shared machine's rate
+//! moves from minute to minute, and a median of pairs measured back to back moves less than one.
+//!
 //! Prints a table and a JSON line; asserts nothing.
 
 mod support;
@@ -73,12 +78,13 @@ fn main() {
     let secs = env_or("HANDSHAKES_BENCH_SECS", 5);
     let conc = env_or("HANDSHAKES_BENCH_C", 64) as usize;
     let idle = env_or("HANDSHAKES_BENCH_IDLE", 2000) as usize;
+    let rounds = env_or("HANDSHAKES_BENCH_ROUNDS", 1).max(1) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let floor = support::floor(500);
     let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
     println!(
-        "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {} cpus, loadavg {}; \
-         floor: {}",
+        "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {rounds} round(s) of bare and three nodes, \
+         {} cpus, loadavg {}; floor: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg(),
         floor.describe()
@@ -92,17 +98,17 @@ fn main() {
 
     // The reference: idle connections first, on a fresh process (memory freed by churn would be
     // reused and understate them), then handshakes.
-    let (mut child, addr) = bare::spawn();
-    let targets = vec![Target { addr, secret: None, steer: false }];
-    let bare_bytes = rt.block_on(idle_raw(&targets, child.id(), idle, "bare"));
-    let hs = rt.block_on(handshakes(&targets, &[child.id()], conc, secs, "bare"));
+    // Kept until the rounds are done (killed on drop, also on panic).
+    let (child, addr) = bare::spawn();
+    let child = KillOnDrop(child);
+    let bare_targets = vec![Target { addr, secret: None, steer: false }];
+    let bare_bytes = rt.block_on(idle_raw(&bare_targets, child.0.id(), idle, "bare"));
+    let hs = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
     let bare_cpu = hs.cpu_per();
     rows.push(row("bare fastwebsockets", &hs, Some(bare_bytes), bare_rate, bare_bytes));
     // Where each gateway run's CPU went, printed under the table.
     let mut splits = Vec::new();
-    let _ = child.kill();
-    let _ = child.wait();
 
     // Idle connections on fresh one-node gateways: raw clients, then the project's client.
     let one = |rt: &tokio::runtime::Runtime| {
@@ -157,7 +163,15 @@ fn main() {
     let after = scrape_all(&rt);
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
     splits.push(split("gateway 3 nodes", &hs, bare_cpu));
+    // More rounds: the bare server, then the three nodes, back to back, each pair's ratio.
+    let mut paired = vec![Paired { bare_rate, rate: hs.rate(), server_us: hs.cpu_per().map(|(s, _)| s) }];
+    for r in 2..=rounds {
+        let b = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, &format!("bare{r}")));
+        let g = rt.block_on(handshakes(&t, &pids, conc, secs, &format!("c3r{r}")));
+        paired.push(Paired { bare_rate: b.rate(), rate: g.rate(), server_us: g.cpu_per().map(|(s, _)| s) });
+    }
     drop(c);
+    drop(child);
     splits.iter().flatten().for_each(|line| println!("{line}"));
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
@@ -165,10 +179,12 @@ fn main() {
     if let Some((line, _)) = &floor3 {
         println!("{line}");
     }
+    let rounds_json = Paired::report(&paired);
     println!(
         "{}",
         json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
-               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v)})
+               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v),
+               "rounds_3_nodes": rounds_json})
     );
 }
 
@@ -218,6 +234,55 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
         )
     });
     Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(rest)))
+}
+
+/// A child process killed (and reaped) when dropped, also on panic.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One round of the bare server's handshakes and then the three nodes' (the first round is the
+/// table's rows, a few minutes apart; the others back to back).
+struct Paired {
+    bare_rate: f64,
+    rate: f64,
+    server_us: Option<f64>,
+}
+
+impl Paired {
+    /// Prints the rounds' ratios and their median (with more than one round) and returns them as JSON.
+    fn report(rounds: &[Paired]) -> serde_json::Value {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let ratios: Vec<f64> =
+            rounds.iter().map(|p| if p.bare_rate > 0.0 { p.rate / p.bare_rate } else { 0.0 }).collect();
+        let server: Vec<f64> = rounds.iter().filter_map(|p| p.server_us).collect();
+        let (median_ratio, median_us) = (median(ratios.clone()), median(server.clone()));
+        if rounds.len() > 1 {
+            let list =
+                |v: &[f64], digits: usize| v.iter().map(|x| format!("{x:.digits$}")).collect::<Vec<_>>().join(", ");
+            println!(
+                "gateway 3 nodes over {} rounds (the bare server, then the three nodes): ratios {}, median {:.2}x \
+                 (goal {GOAL_SHARE}x); server CPU us a handshake {}, median {:.0}",
+                rounds.len(),
+                list(&ratios, 2),
+                median_ratio.unwrap_or(0.0),
+                list(&server, 0),
+                median_us.unwrap_or(0.0)
+            );
+        }
+        json!({"bare_rates": rounds.iter().map(|p| p.bare_rate).collect::<Vec<_>>(),
+               "rates": rounds.iter().map(|p| p.rate).collect::<Vec<_>>(), "ratios": ratios,
+               "server_cpu_us_per_handshake": server, "median_ratio": median_ratio,
+               "median_server_cpu_us_per_handshake": median_us})
+    }
 }
 
 /// Rows a handshake writes over three replicas: its claim and its release, each applied on all three.
