@@ -37,8 +37,9 @@
 //!
 //! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
 //! bare server's handshakes and then the three nodes', back to back, and a line gives every
-//! round's ratio and their median (`rounds_3_nodes` in the JSON line): a shared machine's rate
-//! moves from minute to minute, and a median of pairs measured back to back moves less than one.
+//! round's ratio and their median (the upper of the middle two for an even N; `rounds_3_nodes`
+//! in the JSON line): a shared machine's rate moves from minute to minute, and a median of pairs
+//! measured back to back moves less than one.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
