@@ -52,7 +52,7 @@ fn main() {
     let cluster = Cluster::form(&rt, "claims", 3, &["--lease-ms", LEASE_MS]);
     let leader = cluster.leader().unwrap_or_else(|e| panic!("no leader: {e}"));
     let floor = support::floor(500);
-    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
+    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns, .. } = floor;
     let all: Vec<String> = cluster.nodes.iter().map(|n| n.cluster_addr.clone()).collect();
     println!(
         "cluster up in {:?}: leader {leader}, nodes {all:?}, {} s per run, device ids {}, {} cpus, \

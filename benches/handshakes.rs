@@ -82,7 +82,7 @@ fn main() {
     let rounds = env_or("HANDSHAKES_BENCH_ROUNDS", 1).max(1) as usize;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let floor = support::floor(500);
-    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns } = floor;
+    let support::Floor { fsync_us, fsync3_us, over_us, over3_us, rtt_us, quorum_us, halt_poll_ns, .. } = floor;
     println!(
         "handshakes: C={conc}, {secs} s per run, {idle} idle connections, {rounds} round(s) of bare and three nodes, \
          {} cpus, loadavg {}; floor: {}",
@@ -176,7 +176,7 @@ fn main() {
     splits.iter().flatten().for_each(|line| println!("{line}"));
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
-    let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc);
+    let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc, floor.over_cpu_us);
     if let Some((line, _)) = &floor3 {
         println!("{line}");
     }
@@ -293,7 +293,8 @@ const REPLICA_ROWS: f64 = 6.0;
 /// at the three-node run's batching (`raft`: its commands an entry and its flushes), with none
 /// of the gateway's own work: the bare server's CPU (the upgrade itself, on the same hyper and
 /// fastwebsockets), [`REPLICA_ROWS`] bare redb row writes in transactions of the run's commands
-/// an entry, and the run's log flushes a handshake at a bare flush's CPU. Beside it, the best
+/// an entry, and the run's log flushes a handshake at a bare flush's CPU (`flush`, the floor
+/// probe's [`support::Floor::over_cpu_us`]). Beside it, the best
 /// share of the bare server's rate that floor allows at the bare run's CPU use and this run's
 /// loader (the same reckoning as [`split`]'s budget). None without both runs' handshakes.
 fn replicas_floor(
@@ -301,11 +302,11 @@ fn replicas_floor(
     raft: &Renewals,
     bare: Option<(f64, f64)>,
     held: usize,
+    flush: f64,
 ) -> Option<(String, serde_json::Value)> {
     let ((bare_s, bare_ld), (_, loader)) = (bare?, hs.cpu_per()?);
     let per_entry = (raft.commands / raft.entries.max(1.0)).round().max(1.0) as usize;
     let row = support::replica::row_us(per_entry, (20_000 / per_entry).max(200), held, 3);
-    let flush = support::flush_cpu_us(200);
     let flushes = raft.fsyncs / hs.ok as f64;
     let floor = bare_s + REPLICA_ROWS * row + flushes * flush;
     let best = (bare_s + bare_ld) / (floor + loader);

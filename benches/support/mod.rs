@@ -2,7 +2,7 @@
 //! (killed on drop, also on panic), `/metrics` scraping, and the machine figures printed beside
 //! each result (load average, resident memory of a pid); `postgres` runs the claims bench's
 //! PostgreSQL reference; `replica` measures what a replica pays a command with none of the
-//! gateway's work (a bare row write; with [`flush_cpu_us`], a log flush's CPU).
+//! gateway's work (a bare row write; [`Floor::over_cpu_us`] is a log flush's CPU).
 
 #![allow(dead_code)] // each bench uses its own subset
 
@@ -372,6 +372,10 @@ pub struct Floor {
     pub over_us: f64,
     /// The same with three writers at once.
     pub over3_us: f64,
+    /// The median CPU time of one of the one-writer overwrites + fdatasync (the probe thread's
+    /// clock, user and system): what a replica's flush of one entry costs its cores, in
+    /// microseconds; the wait for the disk is not CPU.
+    pub over_cpu_us: f64,
     /// The median one-byte TCP round trip over loopback (no Nagle).
     pub rtt_us: f64,
     /// The median bare replicated write (see [`quorum_probe`]): a client's request to a leader
@@ -405,8 +409,8 @@ impl Floor {
 
 /// `writers` threads, each writing 4 KiB and calling fdatasync `rounds` times on a file of its
 /// own in the directory the nodes write to (appending, or over a file zero-filled and synced
-/// first); every call's latency in microseconds.
-fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<f64> {
+/// first); every call's latency and the CPU time the calling thread spent in it, in microseconds.
+fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<(f64, f64)> {
     let start = std::sync::Barrier::new(writers);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..writers)
@@ -417,32 +421,18 @@ fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<f64> {
                     start.wait();
                     (0..rounds)
                         .map(|_| {
+                            let cpu = replica::thread_cpu_us();
                             let t = Instant::now();
                             log.flush_block();
-                            t.elapsed().as_secs_f64() * 1e6
+                            let us = t.elapsed().as_secs_f64() * 1e6;
+                            (us, replica::thread_cpu_us() - cpu)
                         })
-                        .collect::<Vec<f64>>()
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
         threads.into_iter().flat_map(|t| t.join().expect("fsync probe thread")).collect()
     })
-}
-
-/// The median CPU time (this thread's, user and system) of `rounds` 4 KiB overwrites of a
-/// zero-filled file + `fdatasync`, one writer, as a Raft log segment is written: what a replica's
-/// flush of one entry costs its cores, in microseconds (the wait for the disk is not CPU).
-pub fn flush_cpu_us(rounds: usize) -> f64 {
-    let mut log = ProbeFile::new("flush-cpu", Some(rounds));
-    let mut v: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let before = replica::thread_cpu_us();
-            log.flush_block();
-            replica::thread_cpu_us() - before
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Measures [`Floor`]: `rounds` of each probe.
@@ -452,10 +442,12 @@ pub fn floor(rounds: usize) -> Floor {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let fsync = fsync_probe(1, rounds, false);
-    let fsync3 = fsync_probe(3, rounds, false);
-    let over = fsync_probe(1, rounds, true);
-    let over3 = fsync_probe(3, rounds, true);
+    let latency = |v: &[(f64, f64)]| v.iter().map(|(us, _)| *us).collect::<Vec<f64>>();
+    let fsync = latency(&fsync_probe(1, rounds, false));
+    let fsync3 = latency(&fsync_probe(3, rounds, false));
+    let over_probe = fsync_probe(1, rounds, true);
+    let (over, over_cpu) = (latency(&over_probe), over_probe.iter().map(|(_, cpu)| *cpu).collect());
+    let over3 = latency(&fsync_probe(3, rounds, true));
 
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
     let addr = listener.local_addr().expect("echo addr");
@@ -482,6 +474,7 @@ pub fn floor(rounds: usize) -> Floor {
         fsync3_us: median(fsync3),
         over_us: median(over),
         over3_us: median(over3),
+        over_cpu_us: median(over_cpu),
         rtt_us: median(rtt),
         quorum_us: median(quorum_probe(rounds)),
         halt_poll_ns: std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
