@@ -29,6 +29,7 @@ use gateway::raft::network::snapshot_body;
 use gateway::raft::state_machine::decode_snapshot;
 use gateway::raft::types::{Snapshot, SnapshotMeta, Vote};
 use gateway::store::state::StateDb;
+use support::median;
 use support::replica::{bare_inserts, device, dir};
 
 fn env(name: &str, default: usize) -> usize {
@@ -206,11 +207,6 @@ fn timed_snapshot(m: &Machine) -> SnapshotCost {
         bytes: dump.data.len(),
         build_peak_bytes,
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

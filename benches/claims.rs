@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use gateway::http::HttpClient;
 use serde_json::{json, Value};
 use support::postgres::{self, Postgres, Setup};
-use support::{loadavg, scrape, Cluster, ThreadCpu};
+use support::{loadavg, median, scrape, Cluster, ThreadCpu};
 
 const CONCURRENCY: [usize; 4] = [1, 8, 64, 256];
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -360,18 +360,6 @@ fn summary(setup: Setup, gateway: &[Value], pg: &[postgres::PgRun]) -> Vec<Value
                         "rounds": runs.len(), "ratio_leader_rounds": by_leader}));
     }
     out
-}
-
-/// The median (the mean of the middle two of an even count); NaN for none, or when any is NaN (a
-/// failed run must not leave the median to the others).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        _ if v.iter().any(|x| x.is_nan()) => f64::NAN,
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Every node's `/metrics`, by cluster address.

@@ -37,9 +37,8 @@
 //!
 //! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
 //! bare server's handshakes and then the three nodes', back to back, and a line gives every
-//! round's ratio and their median (the upper of the middle two for an even N; `rounds_3_nodes`
-//! in the JSON line): a shared machine's rate moves from minute to minute, and a median of pairs
-//! measured back to back moves less than one.
+//! round's ratio and their median (`rounds_3_nodes` in the JSON line): a shared machine's rate
+//! moves from minute to minute, and a median of pairs measured back to back moves less than one.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
@@ -248,7 +247,7 @@ impl Drop for KillOnDrop {
 }
 
 /// One round of the bare server's handshakes and then the three nodes' (the first round is the
-/// table's rows, a few minutes apart; the others back to back).
+/// table's rows, about a minute apart; the others back to back).
 struct Paired {
     bare_rate: f64,
     rate: f64,
@@ -258,14 +257,10 @@ struct Paired {
 impl Paired {
     /// Prints the rounds' ratios and their median (with more than one round) and returns them as JSON.
     fn report(rounds: &[Paired]) -> serde_json::Value {
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
-        };
         let ratios: Vec<f64> =
             rounds.iter().map(|p| if p.bare_rate > 0.0 { p.rate / p.bare_rate } else { 0.0 }).collect();
         let server: Vec<f64> = rounds.iter().filter_map(|p| p.server_us).collect();
-        let (median_ratio, median_us) = (median(ratios.clone()), median(server.clone()));
+        let (median_ratio, median_us) = (support::median(ratios.clone()), support::median(server.clone()));
         if rounds.len() > 1 {
             let list =
                 |v: &[f64], digits: usize| v.iter().map(|x| format!("{x:.digits$}")).collect::<Vec<_>>().join(", ");
@@ -274,9 +269,9 @@ impl Paired {
                  (goal {GOAL_SHARE}x); server CPU us a handshake {}, median {:.0}",
                 rounds.len(),
                 list(&ratios, 2),
-                median_ratio.unwrap_or(0.0),
+                median_ratio,
                 list(&server, 0),
-                median_us.unwrap_or(0.0)
+                median_us
             );
         }
         json!({"bare_rates": rounds.iter().map(|p| p.bare_rate).collect::<Vec<_>>(),
@@ -294,8 +289,8 @@ const REPLICA_ROWS: f64 = 6.0;
 /// of the gateway's own work: the bare server's CPU (the upgrade itself, on the same hyper and
 /// fastwebsockets), [`REPLICA_ROWS`] bare redb row writes in transactions of the run's commands
 /// an entry, and the run's log flushes a handshake at a bare flush's CPU (`flush`, the floor
-/// probe's [`support::Floor::over_cpu_us`]). Beside it, the best
-/// share of the bare server's rate that floor allows at the bare run's CPU use and this run's
+/// probe's [`support::Floor::over_cpu_us`]). Beside it, the best share of the bare server's rate
+/// that floor allows at the bare run's CPU use and this run's
 /// loader (the same reckoning as [`split`]'s budget). None without both runs' handshakes.
 fn replicas_floor(
     hs: &Run,

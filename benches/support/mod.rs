@@ -360,6 +360,18 @@ pub fn random_hex(chars: usize, seed: u64) -> String {
         .collect()
 }
 
+/// The median (the mean of the middle two of an even count); NaN for none, or when any is NaN (a
+/// failed run must not leave the median to the others).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        _ if v.iter().any(|x| x.is_nan()) => f64::NAN,
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// The physical floor of a claim on this machine, printed beside the results, in microseconds.
 pub struct Floor {
     /// The median 4 KiB append + fdatasync, one writer.
@@ -438,10 +450,6 @@ fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<(f64, f64)
 /// Measures [`Floor`]: `rounds` of each probe.
 pub fn floor(rounds: usize) -> Floor {
     use std::io::Write;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
     let latency = |v: &[(f64, f64)]| v.iter().map(|(us, _)| *us).collect::<Vec<f64>>();
     let fsync = latency(&fsync_probe(1, rounds, false));
     let fsync3 = latency(&fsync_probe(3, rounds, false));

@@ -52,9 +52,7 @@ pub fn bare_inserts(per: usize, txns: usize, held: usize) -> f64 {
 /// The median of `rounds` of [`bare_inserts`] of `txns` transactions of `per`: microseconds a row.
 pub fn row_us(per: usize, txns: usize, held: usize, rounds: usize) -> f64 {
     let per = per.max(1);
-    let mut v: Vec<f64> = (0..rounds).map(|_| bare_inserts(per, txns, held) * 1e6 / (per * txns) as f64).collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    super::median((0..rounds).map(|_| bare_inserts(per, txns, held) * 1e6 / (per * txns) as f64).collect())
 }
 
 /// This thread's CPU time so far, in microseconds (user and system).
