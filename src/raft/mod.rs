@@ -30,3 +30,16 @@ where
         Err(join) => Err(std::io::Error::other(format!("{what}: {join}"))),
     }
 }
+
+/// Runs `f` in place when `here` (a small state apply, see `state_machine::in_place`), on the
+/// blocking pool otherwise; a failure is an I/O error naming `what`, as for [`blocking`].
+async fn apply_on<T, F>(here: bool, what: &'static str, f: F) -> Result<T, std::io::Error>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    if here {
+        return f().map_err(|e| std::io::Error::other(format!("{what}: {e}")));
+    }
+    blocking(what, f).await
+}

@@ -12,13 +12,13 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::blocking;
 use super::events::{self, EventReceiver, EventSender};
 use super::pace::{Mark, Pace};
 use super::types::{LogId, Response, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
+use super::{apply_on, blocking};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, decode_with_bytes, encode, head_for_bytes};
-use crate::machine::{self, Event, Input, State};
+use crate::machine::{self, Command, Event, Input, State};
 use crate::metrics::Metrics;
 use crate::store::state::{Loaded, StateDb};
 use crate::store::StoreError;
@@ -115,6 +115,29 @@ impl StateMachine {
     }
 }
 
+/// Most commands an apply runs on the cluster worker that took its entries ([`in_place`]).
+pub(crate) const IN_PLACE_COMMANDS: usize = 64;
+
+/// Whether an apply of `entries` is small enough to run on the cluster worker that took them
+/// instead of the blocking pool: at most [`IN_PLACE_COMMANDS`] claims, releases and renewals,
+/// each of which changes one device's row or one lease (and, when the held transaction is due,
+/// commits at most `store::held::HOLD_ROWS` rows). The pool's hand-off there and back costs a
+/// small apply more than the apply (benches/LEVERS.md, "Small applies in place"); a sweep, a
+/// node's release, a membership change or a large batch still goes to the pool, so a cluster
+/// worker is never held for long while the other runs Raft's heartbeats.
+pub(crate) fn in_place(entries: &[super::types::Entry]) -> bool {
+    let mut commands = 0;
+    entries.iter().all(|e| match &e.payload {
+        EntryPayload::Blank => true,
+        EntryPayload::Membership(_) => false,
+        EntryPayload::Normal(req) => {
+            commands += req.cmds.len();
+            commands <= IN_PLACE_COMMANDS
+                && req.cmds.iter().all(|c| matches!(c, Command::Claim(_) | Command::Release(_) | Command::Renew(_)))
+        }
+    })
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
@@ -141,7 +164,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // are read, so only they are applied as this node's (a follower's own claims are answered
         // by the leader; reading their heads here would be wasted).
         let waited: Vec<bool> = responders.iter().map(Option::is_some).collect();
-        let (responses, state, applied, events) = blocking("state apply", move || {
+        let here = in_place(&entries);
+        let (responses, state, applied, events) = apply_on(here, "state apply", move || {
             db.apply(|tx| {
                 let before = state.clone();
                 let mut events = Vec::new();
@@ -292,5 +316,45 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         self.pace.built(self.mark, data.len());
         self.metrics.snapshots_built.inc();
         Ok(Snapshot { meta, snapshot: Cursor::new(data) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use openraft::Membership;
+
+    use super::*;
+    use crate::machine::{Claim, Member, ReleaseNode, Renew, Sweep};
+    use crate::raft::types::{log_id, Entry, Request};
+
+    fn normal(index: u64, cmds: Vec<Command>) -> Entry {
+        Entry { log_id: log_id(1, 1, index), payload: EntryPayload::Normal(Request { cmds }) }
+    }
+
+    fn claims(n: usize) -> Vec<Command> {
+        (0..n)
+            .map(|i| Claim { device: format!("d{i}"), node: 1, conn: i as u64, epoch: 0, attempt: 1 }.into())
+            .collect()
+    }
+
+    #[test]
+    fn only_a_few_claims_releases_and_renewals_are_applied_in_place() {
+        let renew = Renew { node: 1, at_ms: 1, lease_ms: 1000, connections: 0, draining: false, incarnation: 1 };
+        let release = crate::machine::Release { device: "d0".into(), conn: 0 };
+        let blank = Entry { log_id: log_id(1, 1, 1), payload: EntryPayload::Blank };
+        assert!(in_place(&[blank.clone(), normal(2, vec![renew.into(), release.into()]), normal(3, claims(3))]));
+        // The bound counts every entry's commands together.
+        let half = IN_PLACE_COMMANDS / 2;
+        assert!(in_place(&[normal(1, claims(half)), normal(2, claims(IN_PLACE_COMMANDS - half))]));
+        assert!(!in_place(&[normal(1, claims(half)), normal(2, claims(IN_PLACE_COMMANDS - half + 1))]));
+        // A node's routes at once, or a membership change, go to the blocking pool.
+        let sweep = Sweep { at_ms: 1, grace_ms: 0, candidates: vec![2] };
+        assert!(!in_place(&[normal(1, claims(1)), normal(2, vec![sweep.into()])]));
+        assert!(!in_place(&[normal(1, vec![ReleaseNode { node: 2 }.into()])]));
+        let member = Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() };
+        let membership = Membership::new(vec![BTreeSet::from([1])], BTreeMap::from([(1, member)])).unwrap();
+        assert!(!in_place(&[blank, Entry { log_id: log_id(1, 1, 2), payload: EntryPayload::Membership(membership) }]));
     }
 }
