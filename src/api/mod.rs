@@ -111,13 +111,14 @@ fn json_error_text(e: &serde_json::Error) -> String {
 }
 
 /// Serves the cluster listener (over TLS with `tls`) until `shutdown` fires; connections are
-/// tracked on `conns`.
+/// tracked on `conns`, and those past the first few served on `spill`'s runtime.
 pub async fn run(
     listener: TcpListener,
     tls: Option<crate::server::Tls>,
     api: Arc<Api>,
     conns: TaskTracker,
     shutdown: CancellationToken,
+    spill: Option<crate::server::spill::Spill>,
 ) {
     let handler = move |req| {
         let api = api.clone();
@@ -132,7 +133,7 @@ pub async fn run(
         // Claims, route lookups and publishes: the data plane.
         quiet_when_ok: |path| path.starts_with("/v1/devices/"),
     };
-    crate::server::serve(what, listener, tls, conns, shutdown, handler).await
+    crate::server::serve(what, listener, tls, conns, shutdown, spill, handler).await
 }
 
 /// Why a request's body was not read.

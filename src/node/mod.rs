@@ -3,12 +3,16 @@
 //! tracker, each in its own span, waits for a stop and winds down. Wiring only; decisions live in
 //! the modules it wires (`lifecycle` for start and stop).
 //!
-//! Two runtimes: the device side (public listener, handshakes, sessions) on the process's, the
-//! cluster side (Raft's core and replication, the cluster listener, the proposer, renewals, the
-//! leader's duties and the fence) on a runtime of its own ([`ClusterRuntime`]). A storm of device
-//! handshakes then queues behind itself only: on one shared runtime, 57,000 devices reconnecting
-//! after a leader kill kept the new leader's AppendEntries from being answered within openraft's
-//! deadline (one heartbeat) for half a minute, nothing committed, and every survivor fenced.
+//! Two sides: the device side (public listener, handshakes, sessions) on the process's runtime,
+//! the cluster side (Raft's core and replication, the cluster listener, the proposer, renewals,
+//! the leader's duties and the fence) on runtimes of its own ([`ClusterRuntime`]). A storm of
+//! device handshakes then queues behind itself only: on one shared runtime, 57,000 devices
+//! reconnecting after a leader kill kept the new leader's AppendEntries from being answered within
+//! openraft's deadline (one heartbeat) for half a minute, nothing committed, and every survivor
+//! fenced. The cluster side's runtime runs on one worker, so that a write passes from the
+//! cluster listener to the proposer, Raft's core and back without waking a second thread; the
+//! cluster listener's connections past its first few are served on a second runtime of two
+//! workers (`crate::server::spill`).
 
 pub mod allocator;
 pub mod detector;
@@ -320,7 +324,8 @@ impl Node {
         let reloading: Vec<_> = [tls.0, tls.1].into_iter().flatten().collect();
         let reloads = self.metrics.tls_reloads.clone();
         spawn("tls-reload", Box::pin(crate::tls::reload::run(reloading, reloads, stop.clone())));
-        let cluster_api = api::run(cluster_listener, cluster_tls, api, conns.clone(), stop.clone());
+        let spill = Some(self.cluster_rt.spill());
+        let cluster_api = api::run(cluster_listener, cluster_tls, api, conns.clone(), stop.clone(), spill);
         spawn_cluster("cluster-listener", Box::pin(cluster_api));
         spawn("public-listener", Box::pin(ws::run(public, public_tls, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
@@ -420,33 +425,48 @@ impl Node {
     }
 }
 
-/// The cluster side's runtime (see the module doc). Shut down in the background when dropped:
-/// a runtime may not be dropped (blocking) inside the device runtime's tasks.
-struct ClusterRuntime(Option<tokio::runtime::Runtime>);
+/// The cluster side's runtimes (see the module doc): Raft's, on [`CLUSTER_WORKERS`], and the
+/// cluster listener's spill, on [`SPILL_WORKERS`]. Shut down in the background when dropped: a
+/// runtime may not be dropped (blocking) inside the device runtime's tasks.
+struct ClusterRuntime(Option<(tokio::runtime::Runtime, tokio::runtime::Runtime)>);
 
-/// Worker threads of the cluster runtime: Raft, the cluster listener and the duties need few;
-/// their blocking pool (redb) is separate.
-const CLUSTER_WORKERS: usize = 2;
+/// Worker threads of Raft's runtime (Raft, the proposer, the duties and the cluster listener's
+/// first connections). One: on two, a one-client claim cost each node about twice the thread
+/// wake-ups, each worker waking the other for work it then found gone (benches/LEVERS.md,
+/// "Raft's runtime on one worker"). Its blocking pool (redb) is separate.
+const CLUSTER_WORKERS: usize = 1;
+
+/// Worker threads of the runtime serving the cluster listener's connections past its first
+/// [`crate::server::spill::NEAR`]: many clients' HTTP work.
+const SPILL_WORKERS: usize = 2;
 
 impl ClusterRuntime {
     fn new() -> Result<ClusterRuntime, NodeError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(CLUSTER_WORKERS)
-            .thread_name("cluster")
-            .enable_all()
-            .build()?;
-        Ok(ClusterRuntime(Some(rt)))
+        let runtime = |workers, name| {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(workers).thread_name(name).enable_all().build()
+        };
+        Ok(ClusterRuntime(Some((runtime(CLUSTER_WORKERS, "cluster")?, runtime(SPILL_WORKERS, "cluster-api")?))))
+    }
+
+    fn runtimes(&self) -> &(tokio::runtime::Runtime, tokio::runtime::Runtime) {
+        self.0.as_ref().expect("the cluster runtimes live as long as the node")
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        self.0.as_ref().expect("the cluster runtime lives as long as the node").handle()
+        self.runtimes().0.handle()
+    }
+
+    /// Where the cluster listener serves its connections past the first few.
+    fn spill(&self) -> crate::server::spill::Spill {
+        crate::server::spill::Spill::new(self.runtimes().1.handle().clone(), crate::server::spill::NEAR)
     }
 }
 
 impl Drop for ClusterRuntime {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
+        if let Some((raft, spill)) = self.0.take() {
+            raft.shutdown_background();
+            spill.shutdown_background();
         }
     }
 }

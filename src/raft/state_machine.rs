@@ -115,16 +115,18 @@ impl StateMachine {
     }
 }
 
-/// Most commands an apply runs on the cluster worker that took its entries ([`in_place`]).
-pub(crate) const IN_PLACE_COMMANDS: usize = 64;
+/// Most commands an apply runs on the cluster worker that took its entries ([`in_place`]). Eight:
+/// that worker is the cluster runtime's only one, and runs Raft's heartbeats and appends too
+/// (64, on two workers, let the 50-command entries of a 256-client load hold it).
+pub(crate) const IN_PLACE_COMMANDS: usize = 8;
 
 /// Whether an apply of `entries` is small enough to run on the cluster worker that took them
 /// instead of the blocking pool: at most [`IN_PLACE_COMMANDS`] claims, releases and renewals,
 /// each of which changes one device's row or one lease (and, when the held transaction is due,
 /// commits at most `store::held::HOLD_ROWS` rows). The pool's hand-off there and back costs a
 /// small apply more than the apply (benches/LEVERS.md, "Small applies in place"); a sweep, a
-/// node's release, a membership change or a large batch still goes to the pool, so a cluster
-/// worker is never held for long while the other runs Raft's heartbeats.
+/// node's release, a membership change or a larger batch still goes to the pool, so the cluster
+/// worker is never held for long from Raft's heartbeats.
 pub(crate) fn in_place(entries: &[super::types::Entry]) -> bool {
     let mut commands = 0;
     entries.iter().all(|e| match &e.payload {

@@ -10,6 +10,7 @@
 //! the accept (a client that never sends its hello is dropped); failures are counted, never fatal.
 
 pub mod request_id;
+pub mod spill;
 
 pub use request_id::RequestId;
 
@@ -88,13 +89,15 @@ impl Tls {
 }
 
 /// Serves `listener` with `handler` until `shutdown` fires, over TLS when `tls` is set. Every
-/// connection task is tracked on `conns` (upgraded WebSocket sessions track themselves).
+/// connection task is tracked on `conns` (upgraded WebSocket sessions track themselves). With
+/// `spill`, a connection past its near ones is served on its other runtime (see [`spill`]).
 pub async fn serve<H, Fut>(
     what: Listener,
     listener: TcpListener,
     tls: Option<Tls>,
     conns: TaskTracker,
     shutdown: CancellationToken,
+    spill: Option<spill::Spill>,
     handler: H,
 ) where
     H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
@@ -116,7 +119,7 @@ pub async fn serve<H, Fut>(
         let _ = stream.set_nodelay(true);
         let (handler, stop, tls) = (handler.clone(), shutdown.clone(), tls.clone());
         let span = tracing::trace_span!("conn", listener = what.name, %peer);
-        let serving = async move {
+        let serving = move |stream: tokio::net::TcpStream| async move {
             // Until its first bytes, a socket holds only this small task: hyper's connection (an
             // 8 KiB read buffer, an 8 KiB write buffer, the service's slot) and the TLS state
             // are built, boxed, when there is something to read. A client that sends nothing
@@ -142,7 +145,35 @@ pub async fn serve<H, Fut>(
             }
             Box::pin(serve_stream(what, deadline, stream, peer, tls, stop, handler)).await
         };
-        conns.spawn(serving.instrument(span));
+        match spill.as_ref().map(spill::Spill::place) {
+            None => drop(conns.spawn(serving(stream).instrument(span))),
+            Some(spill::Place::Near(slot)) => drop(
+                conns.spawn(
+                    async move {
+                        let _slot = slot;
+                        serving(stream).await
+                    }
+                    .instrument(span),
+                ),
+            ),
+            // The socket is registered with this runtime's I/O driver: moved to the other's, so
+            // that its readiness does not wake this one's worker first.
+            Some(spill::Place::Far(far)) => match stream.into_std() {
+                Ok(std) => drop(
+                    conns.spawn_on(
+                        async move {
+                            match tokio::net::TcpStream::from_std(std) {
+                                Ok(stream) => serving(stream).await,
+                                Err(e) => tracing::debug!(error = %e, "connection not moved to the other runtime"),
+                            }
+                        }
+                        .instrument(span),
+                        &far,
+                    ),
+                ),
+                Err(e) => tracing::debug!(error = %e, "connection not moved to the other runtime"),
+            },
+        }
     }
 }
 

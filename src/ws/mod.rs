@@ -118,7 +118,7 @@ pub async fn run(
         quiet: |_| true,
         quiet_when_ok: |_| true,
     };
-    crate::server::serve(what, listener, tls, conns, shutdown, handler).await
+    crate::server::serve(what, listener, tls, conns, shutdown, None, handler).await
 }
 
 /// Closes this node's sessions when the applied log says they lost their route: 4001 when a newer
