@@ -29,8 +29,8 @@
 //!   elections), lifecycle (start, drain, fencing), and
 //!   the allocator trim that hands a burst's freed heap back.
 //! - [`server`] the accept loop both listeners share (HTTP/1, upgrades, header deadline, the TLS
-//!   handshake under that deadline), request ids (`x-request-id`, a span per request) and the
-//!   access line.
+//!   handshake under that deadline), request ids (`x-request-id`, a span per request), the
+//!   access line, and which runtime serves a cluster connection (`spill`).
 //! - [`tls`] rustls (ring) configurations from PEM files: each listener's, reloaded on SIGHUP or
 //!   a changed file without touching open connections; the node's peer client (cluster CA,
 //!   its own certificate for mutual TLS) and the CLI's.
