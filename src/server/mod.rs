@@ -146,16 +146,6 @@ pub async fn serve<H, Fut>(
             Box::pin(serve_stream(what, deadline, stream, peer, tls, stop, handler)).await
         };
         match spill.as_ref().map(spill::Spill::place) {
-            None => drop(conns.spawn(serving(stream).instrument(span))),
-            Some(spill::Place::Near(slot)) => drop(
-                conns.spawn(
-                    async move {
-                        let _slot = slot;
-                        serving(stream).await
-                    }
-                    .instrument(span),
-                ),
-            ),
             // The socket is registered with this runtime's I/O driver: moved to the other's, so
             // that its readiness does not wake this one's worker first.
             Some(spill::Place::Far(far)) => match stream.into_std() {
@@ -173,6 +163,16 @@ pub async fn serve<H, Fut>(
                 ),
                 Err(e) => tracing::debug!(error = %e, "connection not moved to the other runtime"),
             },
+            // Served here, holding its near slot (if any) until it ends.
+            near => drop(
+                conns.spawn(
+                    async move {
+                        let _slot = near;
+                        serving(stream).await
+                    }
+                    .instrument(span),
+                ),
+            ),
         }
     }
 }
