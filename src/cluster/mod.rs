@@ -358,6 +358,17 @@ impl Handle {
         self.stream_page(device, after, limit, usize::MAX).await
     }
 
+    /// A device's stream head as applied here, read in place: one point read of one `heads` row,
+    /// which costs less than the blocking pool's hand-off there and back (benches/LEVERS.md, "A
+    /// hello's head read in place"). Every other store read goes to the pool.
+    pub fn stream_head(&self, device: &str) -> Result<u64, ReadError> {
+        self.inner
+            .state
+            .stream_page(device, u64::MAX, 0, 0)
+            .map(|read| read.head.head)
+            .map_err(|e| ReadError(e.to_string()))
+    }
+
     /// Like [`Handle::stream`], stopping once the payloads read reach `max_bytes` (one message at
     /// least): one page of a device's `sync`.
     pub async fn stream_page(

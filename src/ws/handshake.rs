@@ -262,7 +262,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     // and a push past the announced head that is not the next one starts a catch-up read.
     let (stream_head, source) = match head {
         Some(head) => (head, "claim"),
-        None => (g.cluster.stream(&device, u64::MAX, 0).await.map_or(0, |read| read.head.head), "read"),
+        None => (g.cluster.stream_head(&device).unwrap_or(0), "read"),
     };
     g.metrics.stream_heads.get_or_create(&ResultLabel { result: source }).inc();
     // Where this device goes if this node fails: placement with this node left out. Told now, it
