@@ -101,7 +101,7 @@ fn main() {
     // Kept until the rounds are done (killed on drop, also on panic).
     let (child, addr) = bare::spawn();
     let child = KillOnDrop(child);
-    let bare_targets = vec![Target { addr, secret: None, steer: false }];
+    let bare_targets = vec![Target { addr, secret: None, steer: false, fresh: false }];
     let bare_bytes = rt.block_on(idle_raw(&bare_targets, child.0.id(), idle, "bare"));
     let hs = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
@@ -117,6 +117,7 @@ fn main() {
             addr: c.nodes[0].public_addr.parse().expect("node address"),
             secret: Some(c.device_secret.clone()),
             steer: false,
+            fresh: false,
         }];
         (c, t)
     };
@@ -126,10 +127,15 @@ fn main() {
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
     splits.push(split("gateway 1 node", &hs, bare_cpu));
     // The same node with steering on, as real devices connect: every handshake after a device's
-    // first reads its route and floor on the blocking pool before the claim (placement keeps it here).
+    // first reads its route and floor before the claim, from the row cache (placement keeps it here).
     let steered: Vec<Target> = t.iter().map(|t| Target { steer: true, ..t.clone() }).collect();
     let hs = rt.block_on(handshakes(&steered, &[c.nodes[0].pid], conc, secs, "c1s"));
     rows.push(row("gateway 1 node, steer on", &hs, None, bare_rate, bare_bytes));
+    // Steering on with a device that never connected before each time: placement finds no row
+    // in the cache and reads the store (the loader also mints a token a handshake: see `ld`).
+    let first: Vec<Target> = steered.iter().map(|t| Target { fresh: true, ..t.clone() }).collect();
+    let hs = rt.block_on(handshakes(&first, &[c.nodes[0].pid], conc, secs, "c1f"));
+    rows.push(row("  same, new devices", &hs, None, bare_rate, bare_bytes));
     drop(c);
     for (name, tag, in_flight) in
         [("gateway 1 node, client idle", "client", IDLE_IN_FLIGHT), ("  same, all at once", "burst", idle)]
@@ -152,6 +158,7 @@ fn main() {
             addr: n.public_addr.parse().expect("node address"),
             secret: Some(c.device_secret.clone()),
             steer: false,
+            fresh: false,
         })
         .collect();
     let scrape_all = |rt: &tokio::runtime::Runtime| {
@@ -418,6 +425,9 @@ struct Target {
     /// Whether the node may steer the device (`steer=on`, what real devices send: placement reads
     /// the device's route and floor before the claim); `steer=off` skips that read.
     steer: bool,
+    /// Whether every handshake is a device's first (a new id, its token minted for it), as when
+    /// a fleet first connects: the node holds no row for it, so placement reads the store.
+    fresh: bool,
 }
 
 impl Target {
@@ -528,13 +538,18 @@ async fn handshakes(targets: &[Target], pids: &[u32], conc: usize, secs: u64, ta
     let tasks: Vec<_> = (0..conc)
         .map(|i| {
             let t = targets[i % targets.len()].clone();
-            let auth = t.auth(&format!("hs-{tag}-{i}"));
+            let device = format!("hs-{tag}-{i}");
+            let auth = t.auth(&device);
             tokio::spawn(async move {
                 let mut run = Run::default();
                 let mut attempt = 0;
                 while Instant::now() < until {
                     attempt += 1;
-                    let req = t.request(&auth, attempt);
+                    let req = if t.fresh {
+                        t.request(&t.auth(&format!("{device}-{attempt}")), 1)
+                    } else {
+                        t.request(&auth, attempt)
+                    };
                     let t0 = Instant::now();
                     match upgrade(&t, &req).await {
                         Ok(s) => {

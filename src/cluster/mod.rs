@@ -335,6 +335,13 @@ impl Handle {
         read(move || db.route(&device)).await
     }
 
+    /// [`Handle::route`] read in place, for a handshake's placement when the row cache does not
+    /// hold the device: one point read of one `devices` row (or the held one), as for
+    /// [`Handle::stream_head`].
+    pub fn route_in_place(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
+        self.inner.state.route(device).map_err(|e| ReadError(e.to_string()))
+    }
+
     /// The route and floor of each device, as applied here, read at one point of the log.
     pub async fn routes(&self, devices: Vec<String>) -> Result<Vec<crate::store::state::RouteAndFloor>, ReadError> {
         let db = self.inner.state.clone();

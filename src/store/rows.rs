@@ -1,15 +1,16 @@
 //! The applied device rows kept in memory ([`RowCache`]), bounded in bytes. A handshake that
 //! may steer its device reads the device's route and floor before the claim (placement); from
-//! the `devices` table that is a read transaction on the blocking pool, two hand-offs between
+//! the `devices` table that was a read transaction on the blocking pool, two hand-offs between
 //! threads, and it cost one node about a third more CPU per handshake than the claim alone (README,
-//! Benchmarks). The cache answers it on the worker instead.
+//! Benchmarks). The cache answers it on the worker instead; a device it does not hold is read
+//! from the table, now in place (`cluster::Handle::route_in_place`).
 //!
 //! It is written through, never filled by a read: each apply puts the rows it changed when it
 //! ends (committed, or held open for the next apply: `store::held`), under the apply's lock, so
 //! entries follow the log in order; an open or an install clears it and puts the rows its scan
 //! reads until the budget is full (the first in key order: putting every row of a million-device
 //! state, and evicting all but the last few percent, took a fifth of an open's time). A row not
-//! held (never written since the open, or evicted) is read from the table as before. A held row is the applied one, as of the last apply that finished: the answer
+//! held (never written since the open, or evicted) is read from the table. A held row is the applied one, as of the last apply that finished: the answer
 //! `StateDb::route` gives at that moment (the held transaction's rows, else the table's). So the
 //! next apply, which runs under the same lock, reads a device's row from here too when it is held
 //! (a reconnecting device's claim, a release), and walks the table only for the others.

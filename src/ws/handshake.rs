@@ -130,13 +130,13 @@ fn with_fallback(mut exclude: Vec<NodeId>, me: NodeId) -> Vec<NodeId> {
 }
 
 /// Where placement sends `device`, leaving out the nodes in `exclude`; `dialled` as for [`place`].
-async fn target(g: &Gate, device: &str, exclude: &[NodeId], dialled: Option<NodeId>) -> Option<NodeId> {
+fn target(g: &Gate, device: &str, exclude: &[NodeId], dialled: Option<NodeId>) -> Option<NodeId> {
     let cached = g.cluster.cached_route(device);
     let source = if cached.is_some() { "cache" } else { "store" };
     g.metrics.placement_reads.get_or_create(&ResultLabel { result: source }).inc();
     let (route, floor) = match cached {
         Some(row) => row,
-        None => g.cluster.route(device).await.unwrap_or_default(),
+        None => g.cluster.route_in_place(device).unwrap_or_default(),
     };
     let view = g.cluster.view();
     place(&view, device, route.as_ref(), floor.as_ref(), exclude, dialled, g.cluster.now_ms())
@@ -145,10 +145,10 @@ async fn target(g: &Gate, device: &str, exclude: &[NodeId], dialled: Option<Node
 /// This node is at `--max-connections`: a redirect to where placement sends `device` without
 /// it, its name added to `?fallback=` so that the next node does not send the device back
 /// before this node's renewed count shows it full; None when there is no such node.
-async fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
+fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
     let exclude = with_fallback(fallbacks(&view, q.get("fallback")), g.cluster.me());
-    let node = target(g, device, &exclude, None).await?;
+    let node = target(g, device, &exclude, None)?;
     // The list is rebuilt from members' names, never copied from the request.
     let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| m.name.as_str()).collect();
     let rest = query.split('&').filter(|kv| kv.split('=').next() != Some("fallback"));
@@ -164,7 +164,7 @@ pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
         Err(r) => return g.refuse(r),
     };
     let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
-    let node = target(&g, &device, &exclude, None).await.unwrap_or(g.cluster.me());
+    let node = target(&g, &device, &exclude, None).unwrap_or(g.cluster.me());
     let view = g.cluster.view();
     let name = view.member(node).map(|m| m.name.clone()).unwrap_or_default();
     let body = serde_json::json!({"device": device, "node": name, "node_id": node, "url": view.ws_url(node)});
@@ -196,7 +196,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     if steer {
         let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
         let dialled = (!exclude.is_empty()).then_some(me);
-        if let Some(node) = target(&g, &device, &exclude, dialled).await.filter(|n| *n != me) {
+        if let Some(node) = target(&g, &device, &exclude, dialled).filter(|n| *n != me) {
             if let Some(redirect) = redirect(&g, node, req.uri().query().unwrap_or(""), "redirected") {
                 return redirect;
             }
@@ -209,7 +209,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         Ok(v) => v,
         Err(full) => {
             if steer {
-                if let Some(redirect) = elsewhere(&g, &device, &q, req.uri().query().unwrap_or("")).await {
+                if let Some(redirect) = elsewhere(&g, &device, &q, req.uri().query().unwrap_or("")) {
                     return redirect;
                 }
             }
