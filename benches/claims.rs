@@ -21,7 +21,9 @@
 //! JSON body for the same duration, each task on its own device claimed during the claims phase
 //! (publishing needs a stream, which the first claim creates), again via the leader and via all
 //! nodes. `HttpClient` has no way to add request headers, so publishes carry no `Idempotency-Key`
-//! (valid: the key is optional). Prints figures only, asserts nothing.
+//! (valid: the key is optional). A route-lookup phase follows the same way: C tasks loop
+//! `GET /v1/devices/{id}/route` on those devices (a read of the node's own applied state, no
+//! write). Prints figures only, asserts nothing.
 //!
 //! Side by side in the same run, when PostgreSQL's server binaries and `pgbench` are installed
 //! (`support::postgres`): a throwaway PostgreSQL in the same temp dir, default durability, gets
@@ -115,12 +117,14 @@ fn main() {
     claimed.sort();
     claimed.dedup();
     let mut none = Vec::new();
-    let publish = table(&rt, &cluster, &all, (secs, 1), Op::Publish(Arc::new(claimed)), &mut none, &mut []);
+    let claimed = Arc::new(claimed);
+    let publish = table(&rt, &cluster, &all, (secs, 1), Op::Publish(claimed.clone()), &mut none, &mut []);
+    let route = table(&rt, &cluster, &all, (secs, 1), Op::Route(claimed), &mut none, &mut []);
     println!(
         "{}",
         json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "random_ids": random_ids(), "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
-               "publish": publish, "publish_idempotency_key": false, "postgres": postgres,
+               "publish": publish, "publish_idempotency_key": false, "route": route, "postgres": postgres,
                "postgres_sync_standby": postgres_sync_standby})
     );
     drop(cluster);
@@ -167,6 +171,18 @@ enum Op {
     Claim,
     /// Publish to these devices (all claimed before); task `t` uses `devices[t % len]`.
     Publish(Arc<Vec<String>>),
+    /// Look up these devices' routes (all claimed before), task `t` on `devices[t % len]`.
+    Route(Arc<Vec<String>>),
+}
+
+impl Op {
+    /// The devices a publish or a route lookup goes to.
+    fn devices(&self) -> Option<&Arc<Vec<String>>> {
+        match self {
+            Op::Claim => None,
+            Op::Publish(devices) | Op::Route(devices) => Some(devices),
+        }
+    }
 }
 
 /// Prints a titled table, one row per (C, round, via), and returns the rows as JSON. Claim runs
@@ -187,6 +203,10 @@ fn table(
         Op::Publish(devices) => {
             assert!(!devices.is_empty(), "no claimed devices to publish to");
             ("publish", "publish/s", "writes/fsync")
+        }
+        Op::Route(devices) => {
+            assert!(!devices.is_empty(), "no claimed devices to look up");
+            ("route lookup", "lookups/s", "writes/fsync")
         }
     };
     let header = format!(
@@ -254,7 +274,7 @@ fn table(
             if leader_after != leader {
                 note += &format!(" (leader changed {leader} -> {leader_after})");
             }
-            if let Op::Publish(devices) = &op {
+            if let Some(devices) = op.devices() {
                 if devices.len() < c {
                     note += &format!(" (only {} claimed devices: tasks share)", devices.len());
                 }
@@ -279,6 +299,7 @@ fn table(
             let (count_key, rate_key, per_fsync_key) = match &op {
                 Op::Claim => ("claims", "claims_per_s", "claims_per_fsync"),
                 Op::Publish(_) => ("publishes", "publishes_per_s", "writes_per_fsync"),
+                Op::Route(_) => ("lookups", "lookups_per_s", "writes_per_fsync"),
             };
             rows.push(json!({
                 "c": c, "round": round, "via": via, "secs": r.elapsed.as_secs_f64(), count_key: r.ok, rate_key: rate,
@@ -417,7 +438,8 @@ struct RunResult {
 }
 
 /// C tasks, each with its own pooled client, until `dur` passes: claiming fresh devices of their
-/// own, or publishing `{"n": i}` to their own already-claimed device. Task `t` sends its n-th
+/// own, publishing `{"n": i}` to their own already-claimed device, or looking up that device's
+/// route. Task `t` sends its n-th
 /// request to `targets[(t + n) % len]`.
 async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &str, op: &Op) -> RunResult {
     let start = Instant::now();
@@ -427,10 +449,8 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
         let client = HttpClient::new(secret.as_bytes());
         let targets = targets.to_vec();
         let ids = DeviceIds { tag: tag.to_string(), t, random: random_ids() };
-        let publish_to = match op {
-            Op::Claim => None,
-            Op::Publish(devices) => Some(devices[t % devices.len()].clone()),
-        };
+        let publish_to = op.devices().map(|devices| devices[t % devices.len()].clone());
+        let lookup = matches!(op, Op::Route(_));
         handles.push(tokio::spawn(async move {
             let mut lat_us: Vec<u32> = Vec::new();
             let mut errors: BTreeMap<String, u64> = BTreeMap::new();
@@ -438,15 +458,19 @@ async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &st
             let mut n: u64 = 0;
             while Instant::now() < deadline {
                 let addr = &targets[(t + n as usize) % targets.len()];
-                let (path, body) = match &publish_to {
-                    None => (
+                let (path, body) = match (&publish_to, lookup) {
+                    (None, _) => (
                         format!("/v1/devices/{}/claim", ids.nth(n)),
-                        json!({"conn": ((t as u64) << 40) | n, "epoch": 0, "attempt": 1}),
+                        Some(json!({"conn": ((t as u64) << 40) | n, "epoch": 0, "attempt": 1})),
                     ),
-                    Some(device) => (format!("/v1/devices/{device}/messages"), json!({"n": n})),
+                    (Some(device), false) => (format!("/v1/devices/{device}/messages"), Some(json!({"n": n}))),
+                    (Some(device), true) => (format!("/v1/devices/{device}/route"), None),
                 };
                 let sent = Instant::now();
-                let res = client.post_json(addr, &path, &body, CLAIM_TIMEOUT).await;
+                let res = match &body {
+                    Some(body) => client.post_json(addr, &path, body, CLAIM_TIMEOUT).await,
+                    None => client.get(addr, &path, CLAIM_TIMEOUT).await,
+                };
                 let took = sent.elapsed();
                 match res {
                     Ok((status, _)) if status.as_u16() == 200 => {

@@ -283,11 +283,13 @@ pub fn removed(api: &Api) -> Resp {
     json(StatusCode::OK, &serde_json::json!({"stopping": true}))
 }
 
-pub async fn route(api: &Api, device: &str) -> Resp {
+pub fn route(api: &Api, device: &str) -> Resp {
     if !valid_device_id(device) {
         return error(StatusCode::BAD_REQUEST, "bad_device_id", "device ids are 1-128 characters of [A-Za-z0-9._:@-]");
     }
-    let (route, floor) = match api.cluster.route(device).await {
+    // As placement does: the row cache, else one point read in place (`Handle::route_in_place`).
+    let read = api.cluster.cached_route(device).map_or_else(|| api.cluster.route_in_place(device), Ok);
+    let (route, floor) = match read {
         Ok(v) => v,
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "store", e),
     };

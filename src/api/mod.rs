@@ -338,7 +338,7 @@ async fn handle(api: &Api, req: Request<Incoming>) -> Resp {
         (&Method::GET, ["cluster", "tenants", tenant]) => tenants::show(api, tenant).await,
         (&Method::POST, ["cluster", "tenants", tenant]) => tenants::set_policy(api, tenant, &body).await,
         (&Method::POST, ["cluster", "tenants", tenant, "grants"]) => tenants::grant(api, tenant, &body).await,
-        (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device).await,
+        (&Method::GET, ["v1", "devices", device, "route"]) => admin::route(api, device),
         (&Method::POST, ["v1", "devices", device, "claim"]) => admin::claim(api, device, &body).await,
         (&Method::POST, ["v1", "devices", device, "messages"]) => {
             messages::publish(api, device, idempotency_key, &body).await

@@ -324,20 +324,14 @@ impl Handle {
     }
 
     /// A device's route and floor as applied here, if the store's row cache holds them: no read
-    /// transaction, no hop to the blocking pool. Else [`Handle::route`] reads them.
+    /// transaction. Else [`Handle::route_in_place`] reads them.
     pub fn cached_route(&self, device: &str) -> Option<(Option<Route>, Option<Floor>)> {
         self.inner.state.cached_route(device)
     }
 
-    /// A device's route and floor, as applied here.
-    pub async fn route(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
-        let (db, device) = (self.inner.state.clone(), device.to_string());
-        read(move || db.route(&device)).await
-    }
-
-    /// [`Handle::route`] read in place, for a handshake's placement when the row cache does not
-    /// hold the device: one point read of one `devices` row (or the held one), as for
-    /// [`Handle::stream_head`].
+    /// A device's route and floor as applied here, read in place, for a device the row cache does
+    /// not hold (placement, the route lookup): the held row, or one point read of one `devices`
+    /// row, as for [`Handle::stream_head`].
     pub fn route_in_place(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
         self.inner.state.route(device).map_err(|e| ReadError(e.to_string()))
     }
@@ -367,7 +361,8 @@ impl Handle {
 
     /// A device's stream head as applied here, read in place: one point read of one `heads` row,
     /// which costs less than the blocking pool's hand-off there and back (benches/LEVERS.md, "A
-    /// hello's head read in place"). Every other store read goes to the pool.
+    /// hello's head read in place"). [`Handle::route_in_place`] reads one row the same way; a
+    /// session's sync pages and the other reads go to the pool.
     pub fn stream_head(&self, device: &str) -> Result<u64, ReadError> {
         self.inner
             .state

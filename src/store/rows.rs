@@ -10,10 +10,11 @@
 //! entries follow the log in order; an open or an install clears it and puts the rows its scan
 //! reads until the budget is full (the first in key order: putting every row of a million-device
 //! state, and evicting all but the last few percent, took a fifth of an open's time). A row not
-//! held (never written since the open, or evicted) is read from the table. A held row is the applied one, as of the last apply that finished: the answer
-//! `StateDb::route` gives at that moment (the held transaction's rows, else the table's). So the
-//! next apply, which runs under the same lock, reads a device's row from here too when it is held
-//! (a reconnecting device's claim, a release), and walks the table only for the others.
+//! held (never written since the open, or evicted) is read from the table. A held row is the
+//! applied one, as of the last apply that finished: the answer `StateDb::route` gives at that
+//! moment (the held transaction's rows, else the table's). So the next apply, which runs under
+//! the same lock, reads a device's row from here too when it is held (a reconnecting device's
+//! claim, a release), and walks the table only for the others.
 
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
