@@ -439,8 +439,7 @@ struct RunResult {
 
 /// C tasks, each with its own pooled client, until `dur` passes: claiming fresh devices of their
 /// own, publishing `{"n": i}` to their own already-claimed device, or looking up that device's
-/// route. Task `t` sends its n-th
-/// request to `targets[(t + n) % len]`.
+/// route. Task `t` sends its n-th request to `targets[(t + n) % len]`.
 async fn run(secret: &str, targets: &[String], c: usize, dur: Duration, tag: &str, op: &Op) -> RunResult {
     let start = Instant::now();
     let deadline = start + dur;

@@ -49,6 +49,12 @@ pub type ClusterWatch = watch::Receiver<Arc<ClusterView>>;
 #[error("reading the applied state failed: {0}")]
 pub struct ReadError(String);
 
+impl From<crate::store::StoreError> for ReadError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ReadError(e.to_string())
+    }
+}
+
 /// The port. Cheap to clone.
 #[derive(Clone)]
 pub struct Handle {
@@ -333,7 +339,7 @@ impl Handle {
     /// not hold (placement, the route lookup): the held row, or one point read of one `devices`
     /// row, as for [`Handle::stream_head`].
     pub fn route_in_place(&self, device: &str) -> Result<(Option<Route>, Option<Floor>), ReadError> {
-        self.inner.state.route(device).map_err(|e| ReadError(e.to_string()))
+        Ok(self.inner.state.route(device)?)
     }
 
     /// The route and floor of each device, as applied here, read at one point of the log.
@@ -364,11 +370,7 @@ impl Handle {
     /// hello's head read in place"). [`Handle::route_in_place`] reads one row the same way; a
     /// session's sync pages and the other reads go to the pool.
     pub fn stream_head(&self, device: &str) -> Result<u64, ReadError> {
-        self.inner
-            .state
-            .stream_page(device, u64::MAX, 0, 0)
-            .map(|read| read.head.head)
-            .map_err(|e| ReadError(e.to_string()))
+        Ok(self.inner.state.stream_page(device, u64::MAX, 0, 0)?.head.head)
     }
 
     /// Like [`Handle::stream`], stopping once the payloads read reach `max_bytes` (one message at
@@ -506,7 +508,7 @@ where
     F: FnOnce() -> Result<T, crate::store::StoreError> + Send + 'static,
 {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(|e| ReadError(e.to_string())),
+        Ok(r) => r.map_err(ReadError::from),
         Err(e) => Err(ReadError(e.to_string())),
     }
 }
