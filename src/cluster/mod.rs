@@ -360,11 +360,6 @@ impl Handle {
         read(move || db.busiest_tenants(keep)).await
     }
 
-    /// A device's stream bounds and up to `limit` retained messages after `after`.
-    pub async fn stream(&self, device: &str, after: u64, limit: usize) -> Result<StreamRead, ReadError> {
-        self.stream_page(device, after, limit, usize::MAX).await
-    }
-
     /// A device's stream head as applied here, read in place: one point read of one `heads` row,
     /// which costs less than the blocking pool's hand-off there and back (benches/LEVERS.md, "A
     /// hello's head read in place"). [`Handle::route_in_place`] reads one row the same way; a
@@ -373,8 +368,8 @@ impl Handle {
         Ok(self.inner.state.stream_page(device, u64::MAX, 0, 0)?.head.head)
     }
 
-    /// Like [`Handle::stream`], stopping once the payloads read reach `max_bytes` (one message at
-    /// least): one page of a device's `sync`.
+    /// A device's stream bounds and up to `limit` retained messages after `after`, stopping once
+    /// the payloads read reach `max_bytes` (one message at least): one page of a device's `sync`.
     pub async fn stream_page(
         &self,
         device: &str,
