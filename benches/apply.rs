@@ -53,7 +53,14 @@ impl Machine {
         let members: BTreeMap<u64, Member> = [1, 2, 3]
             .iter()
             .map(|&id| {
-                (id, Member { name: format!("n{id}"), cluster_addr: format!("127.0.0.1:{id}"), ..Default::default() })
+                (
+                    id,
+                    Member {
+                        name: format!("n{id}").into(),
+                        cluster_addr: format!("127.0.0.1:{id}").into(),
+                        ..Default::default()
+                    },
+                )
             })
             .collect();
         m.entry(Input::Membership { members, voters: [1, 2, 3].into_iter().collect::<BTreeSet<_>>() });

@@ -17,12 +17,13 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// Builds a view, reusing `prev`'s ring when the live set did not change.
-    pub fn new(state: State, prev: Option<&ClusterView>) -> ClusterView {
+    pub fn new(state: impl Into<Arc<State>>, prev: Option<&ClusterView>) -> ClusterView {
+        let state = state.into();
         let ring = match prev {
             Some(p) if p.state.ring_version == state.ring_version && p.state.members == state.members => p.ring.clone(),
             _ => Arc::new(Ring::new(live_names(&state))),
         };
-        ClusterView { state: Arc::new(state), ring }
+        ClusterView { state, ring }
     }
 
     /// A live node's share of the cluster's admission budget (rate per second, burst), if a
@@ -57,11 +58,11 @@ impl ClusterView {
 
     /// Resolves an operator's `NAME_OR_ID` against the membership.
     pub fn resolve(&self, name_or_id: &str) -> Option<NodeId> {
-        self.members().find(|(id, m)| m.name == name_or_id || id.to_string() == name_or_id).map(|(id, _)| id)
+        self.members().find(|(id, m)| &*m.name == name_or_id || id.to_string() == name_or_id).map(|(id, _)| id)
     }
 
     pub fn id_of_name(&self, name: &str) -> Option<NodeId> {
-        self.members().find(|(_, m)| m.name == name).map(|(id, _)| id)
+        self.members().find(|(_, m)| &*m.name == name).map(|(id, _)| id)
     }
 
     /// The `/ws` URL of a member's public listener.
@@ -73,7 +74,7 @@ impl ClusterView {
 /// Names of members whose applied lease state is live, sorted (the ring's input).
 fn live_names(state: &State) -> Vec<String> {
     let mut names: Vec<String> =
-        state.live_set().iter().filter_map(|id| state.members.get(id)).map(|m| m.name.clone()).collect();
+        state.live_set().iter().filter_map(|id| state.members.get(id)).map(|m| m.name.to_string()).collect();
     names.sort();
     names
 }

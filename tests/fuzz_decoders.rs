@@ -534,7 +534,11 @@ fn vote() -> impl Strategy<Value = Vote> {
 }
 
 fn member() -> impl Strategy<Value = Member> {
-    (text(), text(), text()).prop_map(|(name, cluster_addr, public_url)| Member { name, cluster_addr, public_url })
+    (text(), text(), text()).prop_map(|(name, cluster_addr, public_url)| Member {
+        name: name.into(),
+        cluster_addr: cluster_addr.into(),
+        public_url: public_url.into(),
+    })
 }
 
 fn membership() -> impl Strategy<Value = Membership<NodeId, Member>> {
@@ -548,7 +552,7 @@ fn membership() -> impl Strategy<Value = Membership<NodeId, Member>> {
 fn entry() -> impl Strategy<Value = Entry> {
     let payload = prop_oneof![
         Just(EntryPayload::Blank),
-        vec(command(), 0..4).prop_map(|cmds| EntryPayload::Normal(Request { cmds })),
+        vec(command(), 0..4).prop_map(|cmds| EntryPayload::Normal(Request { cmds: cmds.into() })),
         membership().prop_map(EntryPayload::Membership),
     ];
     (log_id(), payload).prop_map(|(log_id, payload)| Entry { log_id, payload })
@@ -857,7 +861,7 @@ proptest! {
         prop_assert_eq!(join.is_some(), v["id"].is_u64() && member, "{}", text);
         if let Some(j) = join {
             prop_assert_eq!(Some(j.id), v["id"].as_u64());
-            prop_assert_eq!(Some(j.member.public_url.as_str()), v["member"]["public_url"].as_str());
+            prop_assert_eq!(Some(&*j.member.public_url), v["member"]["public_url"].as_str());
         }
         prop_assert_eq!(serde_json::from_str::<PromoteRequest>(&text).ok().map(|p| p.id), v["id"].as_u64());
         let leave = serde_json::from_str::<LeaveRequest>(&text).ok();

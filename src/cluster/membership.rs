@@ -47,7 +47,7 @@ pub fn summary(raft: &Raft) -> MembershipSummary {
     let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
     let mut s = MembershipSummary::default();
     for (id, node) in mem.nodes() {
-        let entry = (*id, node.name.clone());
+        let entry = (*id, node.name.to_string());
         if voters.contains(id) {
             s.voters.push(entry);
         } else {

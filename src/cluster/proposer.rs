@@ -387,7 +387,7 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                 c
             })
             .collect();
-        let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds })).await;
+        let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds: cmds.into() })).await;
         if let (Some(fill), Ok(Ok(_)), Some(_)) = (&ctx.fill, &write, &slot) {
             fill.committed(batch.len());
         }

@@ -13,7 +13,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
     let m = inner.raft.metrics().borrow_watched().clone();
     let view = h.view();
     let now = h.now_ms() as i64;
-    let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone());
+    let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string());
     let replication = m.replication.clone().unwrap_or_default();
     let members = view
         .members()
@@ -25,9 +25,9 @@ pub(super) fn report(h: &Handle) -> StatusReport {
                 max_connections: view.state.max_connections.get(&id).copied(),
                 utilization: capacity.map(|c| lease.map_or(0, |l| l.connections) as f64 / c as f64),
                 id,
-                name: member.name.clone(),
-                cluster_addr: member.cluster_addr.clone(),
-                public_url: member.public_url.clone(),
+                name: member.name.to_string(),
+                cluster_addr: member.cluster_addr.to_string(),
+                public_url: member.public_url.to_string(),
                 role: if view.is_voter(id) { "voter" } else { "learner" }.to_string(),
                 state: lease.map_or("joining", |l| l.state.as_str()).to_string(),
                 lease_remaining_ms: lease.map(|l| l.lease_until_ms as i64 - now),
@@ -43,7 +43,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
         .collect();
     StatusReport {
         cluster_id: view.state.cluster_id.clone(),
-        node: NodeRef { id: inner.me, name: inner.member.name.clone() },
+        node: NodeRef { id: inner.me, name: inner.member.name.to_string() },
         leader: m.current_leader.map(|id| NodeRef { id, name: name_of(id) }),
         server_state: format!("{:?}", m.state).to_lowercase(),
         term: m.current_term,

@@ -142,7 +142,14 @@ impl<B: Backend> Sm<B> {
         let members: BTreeMap<NodeId, Member> = voters
             .iter()
             .map(|&id| {
-                (id, Member { name: format!("n{id}"), cluster_addr: format!("127.0.0.1:{id}"), ..Default::default() })
+                (
+                    id,
+                    Member {
+                        name: format!("n{id}").into(),
+                        cluster_addr: format!("127.0.0.1:{id}").into(),
+                        ..Default::default()
+                    },
+                )
             })
             .collect();
         let voters: BTreeSet<NodeId> = voters.iter().copied().collect();

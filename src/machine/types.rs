@@ -3,6 +3,7 @@
 //! version bump.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -10,13 +11,17 @@ use serde::{Deserialize, Serialize};
 pub type NodeId = u64;
 
 /// What the membership records about a node: its operator-chosen name and its two addresses.
+/// Shared strings, so that a copy is three counts and no allocation: openraft copies the
+/// leader's `Member` on every pass of a follower's core loop (the `ForwardToLeader` that
+/// `Engine::try_leader_handler` builds, and drops, twice a pass), and every apply copies the
+/// membership with the state. Encoded as three strings, as before (the codec, `state.redb`, JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
-    pub name: String,
+    pub name: Arc<str>,
     /// `host:port` of the cluster listener (Raft RPC, admin API).
-    pub cluster_addr: String,
+    pub cluster_addr: Arc<str>,
     /// Base URL devices use, e.g. `ws://127.0.0.1:8080`.
-    pub public_url: String,
+    pub public_url: Arc<str>,
 }
 
 impl fmt::Display for Member {

@@ -196,7 +196,7 @@ impl Gone {
                 continue;
             }
             self.probed.insert(id, now);
-            due.push((id, m.cluster_addr.clone()));
+            due.push((id, m.cluster_addr.to_string()));
         }
         due
     }
@@ -354,7 +354,7 @@ pub async fn suspect_loop(
         let live: Vec<(NodeId, String)> = view
             .members()
             .filter(|(id, _)| *id != me && view.is_live(*id))
-            .map(|(id, m)| (id, m.cluster_addr.clone()))
+            .map(|(id, m)| (id, m.cluster_addr.to_string()))
             .collect();
         let ids: Vec<NodeId> = live.iter().map(|(id, _)| *id).collect();
         let now = Instant::now();
@@ -507,7 +507,8 @@ mod tests {
         use crate::machine::{LeaseState, Member, State};
         let mut s = State::default();
         for (id, addr) in (1..).zip(addrs) {
-            s.members.insert(id, Member { name: format!("n{id}"), cluster_addr: addr, public_url: String::new() });
+            s.members
+                .insert(id, Member { name: format!("n{id}").into(), cluster_addr: addr.into(), public_url: "".into() });
             let state = if id == 4 { LeaseState::Expired } else { LeaseState::Live };
             s.nodes.insert(id, lease(u64::MAX, true, state));
         }

@@ -305,8 +305,7 @@ pub async fn follow_admission(
         gone.follow(&applied, me);
         let want = applied.admission_share(gone.nodes()).unwrap_or(local);
         if gate.admission.current() != want {
-            let names: Vec<&str> =
-                gone.nodes().iter().filter_map(|id| applied.member(*id)).map(|m| m.name.as_str()).collect();
+            let names: Vec<&str> = gone.nodes().iter().filter_map(|id| applied.member(*id)).map(|m| &*m.name).collect();
             if names.is_empty() {
                 tracing::info!(rate_per_s = want.0, burst = want.1, "admission changed");
             } else {

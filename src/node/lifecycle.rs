@@ -51,7 +51,7 @@ pub async fn start(
     let holds_cluster = !fresh && cluster.is_initialized().await;
     match (&cfg.start, fresh) {
         (Start::Bootstrap, _) if guarded && !holds_cluster => {
-            let me = Me { id: cluster.me(), name: cluster.member().name.clone(), cluster_addr: cfg.cluster_addr() };
+            let me = Me { id: cluster.me(), name: cluster.member().name.to_string(), cluster_addr: cfg.cluster_addr() };
             let wait = Duration::from_millis(cfg.peers_wait_ms);
             let verdict = match bootguard::decide(&http, &me, &cfg.peers, wait, &cancel).await {
                 Err(GuardError::Cancelled) => return Ok(None),

@@ -146,7 +146,11 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let (device_secret, device_src) =
         secrets::secret("GATEWAY_DEVICE_SECRET", cfg.device_secret_file.as_deref(), dir, "device.secret")?;
     let (backend_secrets, backend_src) = secrets::BackendSecrets::load(cfg.backend_secret_file.as_deref(), dir)?;
-    let member = Member { name: ident.name.clone(), cluster_addr: cfg.cluster_addr(), public_url: cfg.public_url() };
+    let member = Member {
+        name: ident.name.as_str().into(),
+        cluster_addr: cfg.cluster_addr().into(),
+        public_url: cfg.public_url().into(),
+    };
 
     let (dir, cache) = (cfg.data_dir.clone(), cfg.store_cache_bytes);
     let (log_db, (state_db, loaded)) = tokio::task::spawn_blocking(move || -> Result<_, NodeError> {

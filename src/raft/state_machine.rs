@@ -59,7 +59,9 @@ pub const TEST_EVENT_CAPACITY_ENV: &str = "GATEWAY_TEST_EVENT_CAPACITY";
 /// The replicated state machine.
 pub struct StateMachine {
     db: StateDb,
-    state: State,
+    /// The applied state, shared with the published view: an apply copies it once and compares
+    /// its result with it ([`crate::store::txn::StateTxn::save`]).
+    state: Arc<State>,
     applied: Applied,
     view: watch::Sender<Arc<ClusterView>>,
     metrics: Arc<Metrics>,
@@ -84,6 +86,7 @@ impl StateMachine {
     ) -> Result<(StateMachine, watch::Receiver<Arc<ClusterView>>), StoreError> {
         let (state, applied) = restore(loaded)?;
         clock.observe(state.clock_ms);
+        let state = Arc::new(state);
         let (view, rx) = watch::channel(Arc::new(ClusterView::new(state.clone(), None)));
         // No consumer until `events` is called: until then, events are dropped.
         let (events, _) = events::channel(0, 0);
@@ -103,6 +106,7 @@ impl StateMachine {
 
     fn publish(&mut self, state: State, applied: Applied) {
         self.clock.observe(state.clock_ms);
+        let state = Arc::new(state);
         self.state = state.clone();
         self.applied = applied;
         // Every reader sees the new view; watchers wake only when its shape changed (see
@@ -161,7 +165,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Ok(());
         }
         self.pace.applied(entries.iter().map(|e| super::tail::weight(e) as u64).sum());
-        let (db, mut state, mut applied, me) = (self.db.clone(), self.state.clone(), self.applied.clone(), self.me);
+        let (db, before, mut applied, me) = (self.db.clone(), self.state.clone(), self.applied.clone(), self.me);
         // Entries a caller on this node waits for (a leader's own proposals): only their replies
         // are read, so only they are applied as this node's (a follower's own claims are answered
         // by the leader; reading their heads here would be wasted).
@@ -169,7 +173,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let here = in_place(&entries);
         let (responses, state, applied, events) = apply_on(here, "state apply", move || {
             db.apply(|tx| {
-                let before = state.clone();
+                let mut state = State::clone(&before);
                 let mut events = Vec::new();
                 let mut responses = Vec::with_capacity(entries.len());
                 for (entry, waited) in entries.into_iter().zip(waited) {
@@ -181,7 +185,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             members_input(&applied.membership)
                         }
                         EntryPayload::Normal(req) => {
-                            Input::Commands { term: entry.log_id.leader_id.term, cmds: req.cmds }
+                            // The apply takes the commands: the tail shares them, so this copies.
+                            let cmds = Arc::try_unwrap(req.cmds).unwrap_or_else(|shared| (*shared).clone());
+                            Input::Commands { term: entry.log_id.leader_id.term, cmds }
                         }
                     };
                     let replies = machine::apply(&mut state, tx, entry.log_id.index, input, local, &mut events)?;
@@ -332,7 +338,7 @@ mod tests {
     use crate::raft::types::{log_id, Entry, Request};
 
     fn normal(index: u64, cmds: Vec<Command>) -> Entry {
-        Entry { log_id: log_id(1, 1, index), payload: EntryPayload::Normal(Request { cmds }) }
+        Entry { log_id: log_id(1, 1, index), payload: EntryPayload::Normal(Request { cmds: cmds.into() }) }
     }
 
     fn claims(n: usize) -> Vec<Command> {
@@ -355,7 +361,7 @@ mod tests {
         let sweep = Sweep { at_ms: 1, grace_ms: 0, candidates: vec![2] };
         assert!(!in_place(&[normal(1, claims(1)), normal(2, vec![sweep.into()])]));
         assert!(!in_place(&[normal(1, vec![ReleaseNode { node: 2 }.into()])]));
-        let member = Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() };
+        let member = Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: "".into() };
         let membership = Membership::new(vec![BTreeSet::from([1])], BTreeMap::from([(1, member)])).unwrap();
         assert!(!in_place(&[blank, Entry { log_id: log_id(1, 1, 2), payload: EntryPayload::Membership(membership) }]));
     }

@@ -261,7 +261,7 @@ async fn a_node_without_the_stream_endpoint_gets_one_request_per_append() {
             tokio::spawn(conn);
         }
     });
-    let member = Member { name: "node-2".into(), cluster_addr: addr.to_string(), public_url: String::new() };
+    let member = Member { name: "node-2".into(), cluster_addr: addr.to_string().into(), public_url: "".into() };
     let mut peer = Network::new(HttpClient::new(b"secret")).new_client(2, &member).await;
     let reqs = futures_util::stream::iter(vec![append(0, 1), append(1, 2)]);
     let answers = peer.stream_append(reqs, RPCOption::new(WAIT)).await.expect("falls back to requests");

@@ -47,14 +47,26 @@ async fn applied_state_and_view_survive_a_reopen() {
     let log_id = |index| id(3, 1, index);
     let members: BTreeMap<u64, Member> = [1, 2]
         .into_iter()
-        .map(|id| (id, Member { name: format!("n{id}"), cluster_addr: format!("a{id}"), public_url: String::new() }))
+        .map(|id| {
+            (
+                id,
+                Member {
+                    name: format!("n{id}").into(),
+                    cluster_addr: format!("a{id}").into(),
+                    public_url: String::new().into(),
+                },
+            )
+        })
         .collect();
     let membership = Membership::new(vec![BTreeSet::from([1])], members).unwrap();
     let renew = Renew { node: 2, at_ms: 10, lease_ms: 1000, connections: 3, draining: false, incarnation: 1 };
     let claim = Claim { device: "d".into(), node: 2, conn: 7, epoch: 0, attempt: 1 };
     let entries = vec![
         Entry { log_id: log_id(1), payload: EntryPayload::Membership(membership.clone()) },
-        Entry { log_id: log_id(2), payload: EntryPayload::Normal(Request { cmds: vec![renew.into(), claim.into()] }) },
+        Entry {
+            log_id: log_id(2),
+            payload: EntryPayload::Normal(Request { cmds: vec![renew.into(), claim.into()].into() }),
+        },
     ];
     {
         let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
@@ -69,7 +81,7 @@ async fn applied_state_and_view_survive_a_reopen() {
     assert_eq!(stored.membership(), &membership);
     let view = view.borrow().clone();
     assert_eq!(view.state.voters, BTreeSet::from([1]));
-    assert_eq!(view.member(2).map(|m| m.name.as_str()), Some("n2"));
+    assert_eq!(view.member(2).map(|m| &*m.name), Some("n2"));
     assert_eq!(view.lease(2).map(|l| (l.lease_until_ms, l.routes)), Some((1010, 1)));
     assert_eq!(view.ring.nodes(), ["n2"]);
     assert_eq!(db.route("d").unwrap().0.map(|r| (r.node, r.conn)), Some((2, 7)));
@@ -99,9 +111,9 @@ async fn claims_update_the_view_without_waking_its_watchers() {
     let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
     let (mut sm, mut view) = StateMachine::new(db, loaded, None, Default::default(), Default::default()).unwrap();
     let mut index = 0;
-    let cmds = |cmds: Vec<Command>| EntryPayload::Normal(Request { cmds });
+    let cmds = |cmds: Vec<Command>| EntryPayload::Normal(Request { cmds: cmds.into() });
     let members: BTreeMap<u64, Member> =
-        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() })].into();
+        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new().into() })].into();
     let membership = Membership::new(vec![BTreeSet::from([1])], members).unwrap();
     apply(&mut sm, &mut index, EntryPayload::Membership(membership)).await;
     let renew = |at_ms, draining| Renew { node: 1, at_ms, lease_ms: 1000, connections: 0, draining, incarnation: 1 };
@@ -150,7 +162,7 @@ async fn policy_snapshots_wait_until_the_entries_since_weigh_as_much_as_the_last
         let cmds: Vec<Command> = (from..from + count)
             .map(|n| Claim { device: format!("device-{n}"), node: 1, conn: n, epoch: 0, attempt: 1 }.into())
             .collect();
-        EntryPayload::Normal(Request { cmds })
+        EntryPayload::Normal(Request { cmds: cmds.into() })
     };
     let dir = tempfile::tempdir().unwrap();
     let (db, loaded) = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).unwrap();
@@ -158,11 +170,11 @@ async fn policy_snapshots_wait_until_the_entries_since_weigh_as_much_as_the_last
     let (mut sm, _view) = StateMachine::new(db, loaded, None, metrics.clone(), Default::default()).unwrap();
     let mut index = 0;
     let members: BTreeMap<u64, Member> =
-        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new() })].into();
+        [(1, Member { name: "n1".into(), cluster_addr: "a1".into(), public_url: String::new().into() })].into();
     let membership = Membership::new(vec![BTreeSet::from([1])], members).unwrap();
     apply(&mut sm, &mut index, EntryPayload::Membership(membership)).await;
     let renew = Renew { node: 1, at_ms: 10, lease_ms: 1 << 40, connections: 0, draining: false, incarnation: 1 };
-    apply(&mut sm, &mut index, EntryPayload::Normal(Request { cmds: vec![renew.into()] })).await;
+    apply(&mut sm, &mut index, EntryPayload::Normal(Request { cmds: vec![renew.into()].into() })).await;
     apply(&mut sm, &mut index, claims(0, 300)).await;
 
     let mut builder = sm.try_create_snapshot_builder(false).await.expect("the first snapshot is never deferred");
@@ -231,16 +243,16 @@ fn stores_written_with_openraft_0_9_decode() {
         .into_iter()
         .map(|id| {
             let m = Member {
-                name: format!("n{id}"),
-                cluster_addr: format!("127.0.0.1:{id}"),
-                public_url: format!("ws://h{id}"),
+                name: format!("n{id}").into(),
+                cluster_addr: format!("127.0.0.1:{id}").into(),
+                public_url: format!("ws://h{id}").into(),
             };
             (id, m)
         })
         .collect();
     let membership = Membership::new(vec![BTreeSet::from([1, 2])], members).unwrap();
     let claim = Claim { device: "dev-1".into(), node: 2, conn: 7, epoch: 5, attempt: 9 };
-    let normal = Entry { log_id: lid(7), payload: EntryPayload::Normal(Request { cmds: vec![claim.into()] }) };
+    let normal = Entry { log_id: lid(7), payload: EntryPayload::Normal(Request { cmds: vec![claim.into()].into() }) };
     same("01030107010101056465762d3102070509", normal);
     same(
         &format!("0103010802{MEMBERSHIP}"),

@@ -105,7 +105,7 @@ mod tests {
         let claim = Claim { device: "d".repeat(device_bytes), node: 1, conn: index, epoch: 0, attempt: 1 };
         Entry {
             log_id: log_id(1, 1, index),
-            payload: EntryPayload::Normal(Request { cmds: vec![Command::Claim(claim)] }),
+            payload: EntryPayload::Normal(Request { cmds: vec![Command::Claim(claim)].into() }),
         }
     }
 

@@ -37,10 +37,13 @@ pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type CommittedLeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
 
 /// One log entry's payload: the proposer folds every command queued while the previous entry
-/// committed into one batch, so concurrent writers share one entry and one fsync.
+/// committed into one batch, so concurrent writers share one entry and one fsync. The commands
+/// are shared: the log's tail keeps the entry, replication copies it out for every follower and
+/// the leader's apply reads it back, and each of those copies is a count, not the commands (the
+/// same bytes on the wire and on disk as a `Vec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
-    pub cmds: Vec<Command>,
+    pub cmds: std::sync::Arc<Vec<Command>>,
 }
 
 impl std::fmt::Display for Request {
@@ -64,4 +67,35 @@ impl std::fmt::Display for Response {
 /// The log id of entry `index`, proposed by `node` as leader of `term`.
 pub fn log_id(term: u64, node: NodeId, index: u64) -> LogId {
     LogId::new(CommittedLeaderId { term, node_id: node }, index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode, encode};
+    use crate::machine::Release;
+
+    /// A member's shared strings are written as the three strings they were before: a node reads
+    /// the memberships an older build stored (its log, snapshots, `state.redb`) and exchanges
+    /// them with older members, in the project codec and in JSON alike.
+    #[test]
+    fn a_member_encodes_as_three_strings() {
+        let m = Member { name: "n1".into(), cluster_addr: "10.0.0.1:7070".into(), public_url: "ws://h1".into() };
+        let strings = ("n1".to_string(), "10.0.0.1:7070".to_string(), "ws://h1".to_string());
+        assert_eq!(encode(&m).unwrap(), encode(&strings).unwrap());
+        assert_eq!(decode::<Member>(&encode(&strings).unwrap()).unwrap(), m);
+        let json = r#"{"name":"n1","cluster_addr":"10.0.0.1:7070","public_url":"ws://h1"}"#;
+        assert_eq!(serde_json::to_string(&m).unwrap(), json);
+        assert_eq!(serde_json::from_str::<Member>(json).unwrap(), m);
+    }
+
+    /// An entry's shared commands are written as the list they were before: logs and snapshots
+    /// of an older build read back, and older members read what this one replicates.
+    #[test]
+    fn a_request_encodes_as_its_list_of_commands() {
+        let cmds = vec![Command::Release(Release { device: "d1".into(), conn: 7 })];
+        let req = Request { cmds: cmds.clone().into() };
+        assert_eq!(encode(&req).unwrap(), encode(&(cmds.clone(),)).unwrap());
+        assert_eq!(decode::<Request>(&encode(&(cmds,)).unwrap()).unwrap(), req);
+    }
 }

@@ -192,7 +192,7 @@ impl Admin {
                 progress(&format!("{name} (id {id}) is already a voter; nothing to do"));
                 return Ok(JoinOutcome {
                     id,
-                    name,
+                    name: name.to_string(),
                     role: "voter".into(),
                     changed: false,
                     membership: self.summary(cluster_addr).await?,
@@ -212,7 +212,7 @@ impl Admin {
         } else {
             progress(&format!("{name} stays a learner: the voter slots are full (it still receives the whole state)"));
         }
-        Ok(JoinOutcome { id, name, role: promoted.role, changed, membership: promoted.membership })
+        Ok(JoinOutcome { id, name: name.to_string(), role: promoted.role, changed, membership: promoted.membership })
     }
 
     async fn summary(&self, cluster_addr: &str) -> Result<MembershipSummary, AdminError> {

@@ -150,7 +150,7 @@ fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -
     let exclude = with_fallback(fallbacks(&view, q.get("fallback")), g.cluster.me());
     let node = target(g, device, &exclude, None)?;
     // The list is rebuilt from members' names, never copied from the request.
-    let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| m.name.as_str()).collect();
+    let names: Vec<&str> = exclude.iter().filter_map(|id| view.member(*id)).map(|m| &*m.name).collect();
     let rest = query.split('&').filter(|kv| kv.split('=').next() != Some("fallback"));
     let query = rest.chain([format!("fallback={}", names.join(",")).as_str()]).collect::<Vec<_>>().join("&");
     redirect(g, node, &query, "sent_on_full")
@@ -271,7 +271,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
     let next_url = successor(&view, &device, me, g.cluster.now_ms()).and_then(|n| view.ws_url(n));
     let hello = ServerFrame::Hello {
         device: device.clone(),
-        node: g.cluster.member().name.clone(),
+        node: g.cluster.member().name.to_string(),
         node_id: me,
         conn,
         route_version: version,

@@ -129,7 +129,14 @@ mod tests {
         let nodes: BTreeMap<NodeId, Member> = leases
             .iter()
             .map(|(id, ..)| {
-                (*id, Member { name: format!("n{id}"), cluster_addr: format!("a{id}"), public_url: String::new() })
+                (
+                    *id,
+                    Member {
+                        name: format!("n{id}").into(),
+                        cluster_addr: format!("a{id}").into(),
+                        public_url: String::new().into(),
+                    },
+                )
             })
             .collect();
         let mut s = State { voters: nodes.keys().copied().collect(), members: nodes, ..Default::default() };
@@ -161,7 +168,7 @@ mod tests {
         assert_eq!(place(&v, "d", Some(&route), Some(&floor), &[], None, NOW), Some(2));
         assert_eq!(place(&v, "d", None, Some(&floor), &[], None, NOW), Some(3));
         let owner = place(&v, "d", None, None, &[], None, NOW).unwrap();
-        assert_eq!(v.member(owner).unwrap().name, v.ring.owner(b"d").unwrap());
+        assert_eq!(&*v.member(owner).unwrap().name, v.ring.owner(b"d").unwrap());
         // The reported-unreachable node is never chosen.
         assert_ne!(place(&v, "d", Some(&route), None, &[2], None, NOW), Some(2));
     }

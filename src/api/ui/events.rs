@@ -83,7 +83,7 @@ pub async fn record(cluster: Handle, log: Arc<EventLog>, stop: CancellationToken
 }
 
 fn name_of(view: &ClusterView, id: NodeId) -> String {
-    view.member(id).map_or_else(|| id.to_string(), |m| m.name.clone())
+    view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string())
 }
 
 fn ring_line(view: &ClusterView) -> String {
@@ -128,8 +128,11 @@ mod tests {
     fn view(members: &[(NodeId, &str, bool, LeaseState)], ring_version: u64) -> ClusterView {
         let mut s = State { ring_version, ..State::default() };
         for &(id, name, voter, state) in members {
-            let m =
-                Member { name: name.into(), cluster_addr: format!("{name}:7070"), public_url: format!("ws://{name}") };
+            let m = Member {
+                name: name.into(),
+                cluster_addr: format!("{name}:7070").into(),
+                public_url: format!("ws://{name}").into(),
+            };
             s.members.insert(id, m);
             if voter {
                 s.voters.insert(id);
