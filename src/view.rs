@@ -39,6 +39,11 @@ impl ClusterView {
         self.state.members.get(&id)
     }
 
+    /// A member's name, or its id as text when it is not (or no longer) a member.
+    pub fn name_of(&self, id: NodeId) -> String {
+        self.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string())
+    }
+
     pub fn members(&self) -> impl Iterator<Item = (NodeId, &Member)> {
         self.state.members.iter().map(|(id, m)| (*id, m))
     }

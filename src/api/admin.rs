@@ -294,8 +294,7 @@ pub fn route(api: &Api, device: &str) -> Resp {
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "store", e),
     };
     let view = api.cluster.view();
-    let node_ref =
-        |id: NodeId| NodeRef { id, name: view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string()) };
+    let node_ref = |id: NodeId| NodeRef { id, name: view.name_of(id) };
     let floor = floor.map(|f| {
         serde_json::json!({"version": f.max_version, "epoch": f.max_epoch, "attempt": f.max_attempt, "last_node": node_ref(f.last_node)})
     });

@@ -47,7 +47,7 @@ pub async fn lock(api: &Api, body: &[u8]) -> Resp {
         return error(StatusCode::BAD_REQUEST, "bad_ttl", format!("ttl_ms must be in 1..={MAX_LOCK_TTL_MS}"));
     }
     let view = api.cluster.view();
-    let name = |id: u64| view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string());
+    let name = |id: u64| view.name_of(id);
     let reply = match api.cluster.begin_scale_in(req.node, req.owner, req.ttl_ms, req.force).await {
         Ok(r) => r,
         Err(e) => return answer::operator_write_error(&e).response(),

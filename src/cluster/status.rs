@@ -13,7 +13,7 @@ pub(super) fn report(h: &Handle) -> StatusReport {
     let m = inner.raft.metrics().borrow_watched().clone();
     let view = h.view();
     let now = h.now_ms() as i64;
-    let name_of = |id: NodeId| view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string());
+    let name_of = |id: NodeId| view.name_of(id);
     let replication = m.replication.clone().unwrap_or_default();
     let members = view
         .members()

@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Handle;
-use crate::machine::NodeId;
 use crate::view::ClusterView;
 
 /// Events kept.
@@ -73,17 +72,13 @@ pub async fn record(cluster: Handle, log: Arc<EventLog>, stop: CancellationToken
             _ = tick.tick() => {
                 let now = cluster.leader();
                 if now != leader {
-                    let name = now.map_or_else(|| "none known".to_string(), |id| name_of(&prev, id));
+                    let name = now.map_or_else(|| "none known".to_string(), |id| prev.name_of(id));
                     log.push(format!("leader: {name}"));
                     leader = now;
                 }
             }
         }
     }
-}
-
-fn name_of(view: &ClusterView, id: NodeId) -> String {
-    view.member(id).map_or_else(|| id.to_string(), |m| m.name.to_string())
 }
 
 fn ring_line(view: &ClusterView) -> String {
@@ -107,7 +102,7 @@ pub fn diff(prev: &ClusterView, next: &ClusterView) -> Vec<String> {
     for (id, lease) in &next.state.nodes {
         let was = prev.lease(*id).map(|l| l.state);
         if was != Some(lease.state) {
-            let name = name_of(next, *id);
+            let name = next.name_of(*id);
             out.push(match was {
                 Some(w) => format!("{name}: {} → {}", w.as_str(), lease.state.as_str()),
                 None => format!("{name}: {}", lease.state.as_str()),
@@ -123,7 +118,7 @@ pub fn diff(prev: &ClusterView, next: &ClusterView) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{LeaseState, Member, NodeLease, State};
+    use crate::machine::{LeaseState, Member, NodeId, NodeLease, State};
 
     fn view(members: &[(NodeId, &str, bool, LeaseState)], ring_version: u64) -> ClusterView {
         let mut s = State { ring_version, ..State::default() };
