@@ -9,6 +9,7 @@
 //! With [`Tls`] a connection first completes a TLS handshake within the deadline counted from
 //! the accept (a client that never sends its hello is dropped); failures are counted, never fatal.
 
+mod primed;
 pub mod request_id;
 pub mod spill;
 
@@ -50,10 +51,12 @@ const MAX_LOGGED_PATH: usize = 128;
 pub const ACCEPT_BACKLOG: u32 = 4096;
 
 /// Binds a listener on `addr` with an accept queue of [`ACCEPT_BACKLOG`] (`SO_REUSEADDR` set, as
-/// `TcpListener::bind` does, so a restart does not wait out `TIME_WAIT`).
+/// `TcpListener::bind` does, so a restart does not wait out `TIME_WAIT`) and `TCP_NODELAY`, which
+/// the sockets it accepts inherit on Linux (saving a `setsockopt` a connection; see [`serve`]).
 pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
+    socket.set_nodelay(true)?;
     socket.bind(addr)?;
     socket.listen(ACCEPT_BACKLOG)
 }
@@ -103,6 +106,9 @@ pub async fn serve<H, Fut>(
     H: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    // Whether accepted sockets come with TCP_NODELAY (a listener from `bind`, on Linux): asked of
+    // the first one; where they do not, it is set on each.
+    let mut inherits_nodelay = None;
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -116,25 +122,25 @@ pub async fn serve<H, Fut>(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
+        if !*inherits_nodelay.get_or_insert_with(|| stream.nodelay().unwrap_or(false)) {
+            let _ = stream.set_nodelay(true);
+        }
         let (handler, stop, tls) = (handler.clone(), shutdown.clone(), tls.clone());
         let span = tracing::trace_span!("conn", listener = what.name, %peer);
-        let serving = move |stream: tokio::net::TcpStream| async move {
+        let serving = move |mut stream: tokio::net::TcpStream| async move {
             // Until its first bytes, a socket holds only this small task: hyper's connection (an
             // 8 KiB read buffer, an 8 KiB write buffer, the service's slot) and the TLS state
             // are built, boxed, when there is something to read. A client that sends nothing
             // within the header-read deadline is dropped here, as hyper would have.
             // The deadline also bounds a TLS handshake, so an idle TLS socket counts as a timeout.
             let deadline = tokio::time::Instant::now() + what.header_read_timeout;
-            let mut first = [0u8; 1];
             let first_bytes = tokio::select! {
                 _ = stop.cancelled() => return,
-                // A peek, not `readable()`: tokio assumes a freshly accepted socket is readable.
-                r = tokio::time::timeout_at(deadline, stream.peek(&mut first)) => r,
+                r = tokio::time::timeout_at(deadline, primed::first_bytes(&mut stream)) => r,
             };
-            match first_bytes {
-                Ok(Ok(0)) => return, // closed without a byte
-                Ok(Ok(_)) => {}
+            let first = match first_bytes {
+                Ok(Ok(first)) if first.is_empty() => return, // closed without a byte
+                Ok(Ok(first)) => first,
                 Ok(Err(e)) => return tracing::debug!(error = %e, "connection failed before its first bytes"),
                 Err(_) => {
                     if let Some(tls) = &tls {
@@ -142,7 +148,8 @@ pub async fn serve<H, Fut>(
                     }
                     return tracing::debug!("nothing sent within the header-read deadline");
                 }
-            }
+            };
+            let stream = primed::Primed::new(first, stream);
             Box::pin(serve_stream(what, deadline, stream, peer, tls, stop, handler)).await
         };
         match spill.as_ref().map(spill::Spill::place) {
@@ -181,7 +188,7 @@ pub async fn serve<H, Fut>(
 async fn serve_stream<H, Fut>(
     what: Listener,
     deadline: tokio::time::Instant,
-    stream: tokio::net::TcpStream,
+    stream: primed::Primed<tokio::net::TcpStream>,
     peer: std::net::SocketAddr,
     tls: Option<Tls>,
     stop: CancellationToken,
@@ -261,4 +268,19 @@ fn logged_path(path: &str) -> String {
         end -= 1;
     }
     path[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    /// What saves the per-connection `setsockopt`: a socket accepted from a listener [`super::bind`]
+    /// made already has TCP_NODELAY.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn accepted_sockets_come_with_nodelay() {
+        let listener = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
+        assert!(!client.nodelay().unwrap(), "a connect does not, so the listener's option is what set it");
+    }
 }
