@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// The most the first read takes: a device's upgrade request, its token included, fits in one;
@@ -15,14 +15,25 @@ use tokio::net::TcpStream;
 pub const FIRST_READ: usize = 4096;
 
 /// Waits until `stream` has bytes and reads at most [`FIRST_READ`] of them (empty: closed before
-/// a byte). The buffer is made once the socket is readable, so a silent socket holds none. The
-/// read goes through `AsyncRead`, which marks the socket drained after a short read: the next
-/// reader's first poll then waits for readiness instead of trying the socket again.
+/// a byte). The buffer is made only for the read itself, so a silent socket holds none while it
+/// waits (tokio takes a fresh socket for readable: the first try finds nothing and drops it).
 pub async fn first_bytes(stream: &mut TcpStream) -> io::Result<Bytes> {
-    stream.readable().await?;
-    let mut buf = BytesMut::with_capacity(FIRST_READ);
-    stream.read_buf(&mut buf).await?;
-    Ok(buf.freeze())
+    loop {
+        stream.readable().await?;
+        let mut buf = BytesMut::with_capacity(FIRST_READ);
+        match stream.try_read_buf(&mut buf) {
+            Ok(n) => {
+                if n < FIRST_READ {
+                    // Drained, as tokio's own reads mark a socket after a short read: the next
+                    // reader's first poll waits for readiness instead of trying the socket again.
+                    let _ = stream.try_io(Interest::READABLE, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
+                }
+                return Ok(buf.freeze());
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// `inner` with `first` read ahead of it.
@@ -82,7 +93,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Primed<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn the_first_bytes_are_read_once_and_come_back_ahead_of_the_rest() {
