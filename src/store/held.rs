@@ -68,7 +68,7 @@ struct Inner {
     /// The rows the held transaction changed, each as its last apply left it: what route lookups
     /// read first. Locked only to put or read rows, so that a lookup never waits for an apply.
     /// Emptied after every commit (so that a lookup that finds no row here finds it committed).
-    rows: Mutex<HashMap<String, DeviceRow>>,
+    rows: Mutex<HashMap<Arc<str>, DeviceRow>>,
     hold_for: Duration,
     closed: AtomicBool,
 }
@@ -78,7 +78,7 @@ impl Inner {
         self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn rows(&self) -> MutexGuard<'_, HashMap<String, DeviceRow>> {
+    fn rows(&self) -> MutexGuard<'_, HashMap<Arc<str>, DeviceRow>> {
         self.rows.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -128,8 +128,9 @@ impl Hold {
         held.opened.elapsed() < self.inner.hold_for && self.inner.rows().len() + more < HOLD_ROWS
     }
 
-    /// Records the rows an apply left in the held transaction.
-    pub(super) fn changed(&self, rows: impl IntoIterator<Item = (String, DeviceRow)>) {
+    /// Records the rows an apply left in the held transaction (their ids shared with the row
+    /// cache's entries).
+    pub(super) fn changed(&self, rows: impl IntoIterator<Item = (Arc<str>, DeviceRow)>) {
         self.inner.rows().extend(rows);
     }
 

@@ -16,18 +16,23 @@
 //! the same lock, reads a device's row from here too when it is held (a reconnecting device's
 //! claim, a release), and walks the table only for the others.
 
+use std::sync::Arc;
+
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 
 use super::state::RouteAndFloor;
 
-/// Bytes one entry is weighed at besides its device id: the boxed id, the route and floor (72),
-/// quick_cache's slot (and its share of the ghost entries it keeps of evicted ids) and the hash
-/// table, with the growth of its vectors. Measured as glibc's in-use bytes (`mallinfo2`,
+/// Bytes one entry is weighed at besides its device id: the id's shared allocation (its two
+/// counts; the held transaction's copy of a changed row shares it, `store::held`), the route and
+/// floor (72), quick_cache's slot (and its share of the ghost entries it keeps of evicted ids) and
+/// the hash table, with the growth of its vectors. Measured as glibc's in-use bytes (`mallinfo2`,
 /// `uordblks + hblkhd`) around filling a cache with three times the rows its budget holds, in a
-/// release build: 0.94–0.96 × a 1 and a 16 MiB budget at 16-byte ids, 0.57–0.63 × at 36-byte ids
-/// (the vectors grow by doubling, so the figure steps).
-pub(super) const ENTRY_BYTES: usize = 360;
+/// release build: 0.57–0.60 × budgets of 1 to 64 MiB at 16-, 24- and 36-byte ids. The table is
+/// presized from this figure and its vectors grow by doubling, so the figure steps: at 360 (before
+/// the ids were shared, when 360 measured 0.94–0.96 × at 16-byte ids) shared ids took a 1 MiB
+/// budget at 16-byte ids to 1.00 ×.
+pub(super) const ENTRY_BYTES: usize = 376;
 
 /// A typical device id's length, in the middle of the 16–36 bytes [`ENTRY_BYTES`] was measured
 /// at: it only presizes the cache's table (`bytes / (ENTRY_BYTES + TYPICAL_ID_BYTES)` items); the
@@ -38,8 +43,8 @@ const TYPICAL_ID_BYTES: usize = 24;
 #[derive(Clone, Copy)]
 struct Bytes;
 
-impl Weighter<Box<str>, RouteAndFloor> for Bytes {
-    fn weight(&self, device: &Box<str>, _: &RouteAndFloor) -> u64 {
+impl Weighter<Arc<str>, RouteAndFloor> for Bytes {
+    fn weight(&self, device: &Arc<str>, _: &RouteAndFloor) -> u64 {
         RowCache::weight_of(device)
     }
 }
@@ -47,11 +52,11 @@ impl Weighter<Box<str>, RouteAndFloor> for Bytes {
 /// device → its applied route and floor, for the rows written or scanned since the open, up to
 /// a budget in bytes (the coldest go first).
 pub(super) struct RowCache {
-    rows: Cache<Box<str>, RouteAndFloor, Bytes>,
+    rows: Cache<Arc<str>, RouteAndFloor, Bytes>,
 }
 
 impl RowCache {
-    /// A cache holding at most `bytes` of entries (at 16- to 36-byte ids, `bytes` / 376–396 rows).
+    /// A cache holding at most `bytes` of entries (at 16- to 36-byte ids, `bytes` / 392–412 rows).
     pub(super) fn new(bytes: usize) -> Self {
         let items = bytes / (ENTRY_BYTES + TYPICAL_ID_BYTES);
         RowCache { rows: Cache::with_weighter(items.max(1), bytes.max(1) as u64, Bytes) }
@@ -62,8 +67,9 @@ impl RowCache {
         self.rows.get(device)
     }
 
-    /// Records `device`'s applied row (both None: it has none).
-    pub(super) fn put(&self, device: impl Into<Box<str>>, row: RouteAndFloor) {
+    /// Records `device`'s applied row (both None: it has none). The id may be shared with the
+    /// held transaction's copy of the row (`store::held`).
+    pub(super) fn put(&self, device: impl Into<Arc<str>>, row: RouteAndFloor) {
         self.rows.insert(device.into(), row);
     }
 
@@ -84,7 +90,7 @@ impl RowCache {
 
     /// Every row held.
     #[cfg(test)]
-    pub(super) fn iter(&self) -> impl Iterator<Item = (Box<str>, RouteAndFloor)> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (Arc<str>, RouteAndFloor)> + '_ {
         self.rows.iter()
     }
 

@@ -249,11 +249,17 @@ impl StateDb {
         };
         index.apply(moves);
         let keep = holdable && self.hold.keeps(&held, changed.len());
-        if keep {
-            self.hold.changed(changed.iter().cloned());
-        }
+        // One copy of each changed row's id, shared by the row cache and the held rows.
+        let mut held_rows = Vec::with_capacity(if keep { changed.len() } else { 0 });
         for (device, row) in changed {
+            let device = Arc::<str>::from(device);
+            if keep {
+                held_rows.push((device.clone(), row.clone()));
+            }
             self.rows.put(device, row.split());
+        }
+        if keep {
+            self.hold.changed(held_rows);
         }
         *slot = Some(held);
         if !keep {
