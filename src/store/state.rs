@@ -249,10 +249,9 @@ impl StateDb {
         };
         index.apply(moves);
         let keep = holdable && self.hold.keeps(&held, changed.len());
-        // One copy of each changed row's id, shared by the row cache and the held rows.
+        // The transaction's copy of each changed row's id, shared by the row cache and the held rows.
         let mut held_rows = Vec::with_capacity(if keep { changed.len() } else { 0 });
         for (device, row) in changed {
-            let device = Arc::<str>::from(device);
             if keep {
                 held_rows.push((device.clone(), row.clone()));
             }

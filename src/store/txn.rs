@@ -4,6 +4,7 @@
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -57,6 +58,10 @@ struct Cached {
     dirty: bool,
 }
 
+/// The device rows an apply changed, by id: the transaction's own copy of each id, which the row
+/// cache and the held rows (`store::held`) go on to share.
+pub(super) type ChangedRows = Vec<(Arc<str>, DeviceRow)>;
+
 /// The tables of one apply transaction, each opened once (when first used); the rules run over
 /// them as [`Tables`].
 pub struct StateTxn<'t> {
@@ -65,7 +70,7 @@ pub struct StateTxn<'t> {
     /// Device rows read or written so far, the changed ones written back once by
     /// [`StateTxn::write_back`] (in key order): a claim reads a floor and a route and writes
     /// both, one row read and one written. At most one row per device the transaction touches.
-    rows: RefCell<BTreeMap<String, Cached>>,
+    rows: RefCell<BTreeMap<Arc<str>, Cached>>,
     /// The applied rows kept in memory ([`RowCache`]): a row it holds is the one this transaction
     /// reads from the table (written through after every apply, under the apply's lock), so a first read of a
     /// device it holds skips the B-tree walk.
@@ -117,7 +122,7 @@ impl<'t> StateTxn<'t> {
             Some((route, floor)) => DeviceRow { route, floor },
             None => get(self.devices.get(self.txn)?, device)?.unwrap_or_default(),
         };
-        self.rows.borrow_mut().insert(device.to_string(), Cached { row: row.clone(), dirty: false });
+        self.rows.borrow_mut().insert(device.into(), Cached { row: row.clone(), dirty: false });
         Ok(row)
     }
 
@@ -161,14 +166,14 @@ impl<'t> StateTxn<'t> {
     /// Writes the changed device rows (a row with neither a route nor a floor is deleted), and
     /// hands over the moves of the route index and the changed rows, to apply to the route index
     /// and the row cache once the transaction commits.
-    pub(super) fn write_back(&mut self) -> Result<(Moves, Vec<(String, DeviceRow)>), StoreError> {
+    pub(super) fn write_back(&mut self) -> Result<(Moves, ChangedRows), StoreError> {
         let mut changed = Vec::new();
         for (device, c) in std::mem::take(self.rows.get_mut()).into_iter().filter(|(_, c)| c.dirty) {
             let table = self.devices.get_mut(self.txn)?;
             if c.row == DeviceRow::default() {
-                table.remove(device.as_str())?;
+                table.remove(&*device)?;
             } else {
-                table.insert(device.as_str(), encode(&c.row)?.as_slice())?;
+                table.insert(&*device, encode(&c.row)?.as_slice())?;
             }
             changed.push((device, c.row));
         }
