@@ -249,16 +249,12 @@ impl StateDb {
         };
         index.apply(moves);
         let keep = holdable && self.hold.keeps(&held, changed.len());
-        // The transaction's copy of each changed row's id, shared by the row cache and the held rows.
-        let mut held_rows = Vec::with_capacity(if keep { changed.len() } else { 0 });
-        for (device, row) in changed {
-            if keep {
-                held_rows.push((device.clone(), row.clone()));
-            }
-            self.rows.put(device, row.split());
-        }
+        // The row cache and the held rows share the transaction's copy of each id (`Arc<str>`).
         if keep {
-            self.hold.changed(held_rows);
+            self.hold.changed(changed.iter().cloned());
+        }
+        for (device, row) in changed {
+            self.rows.put(device, row.split());
         }
         *slot = Some(held);
         if !keep {
