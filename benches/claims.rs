@@ -122,7 +122,7 @@ fn main() {
     let route = table(&rt, &cluster, &all, (secs, 1), Op::Route(claimed), &mut none, &mut []);
     println!(
         "{}",
-        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "random_ids": random_ids(), "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
+        json!({"bench": "claims", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "over_paced_us": floor.paced_us, "over_paced_cpu_us": floor.paced_cpu_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "secs_per_run": secs, "random_ids": random_ids(), "lease_ms": LEASE_MS.parse::<u64>().unwrap_or(0),
                "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()), "runs": rows,
                "publish": publish, "publish_idempotency_key": false, "route": route, "postgres": postgres,
                "postgres_sync_standby": postgres_sync_standby})

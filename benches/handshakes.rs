@@ -182,14 +182,14 @@ fn main() {
     splits.iter().flatten().for_each(|line| println!("{line}"));
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
-    let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc, floor.over_cpu_us);
+    let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc, floor.paced_cpu_us);
     if let Some((line, _)) = &floor3 {
         println!("{line}");
     }
     let rounds_json = Paired::report(&paired);
     println!(
         "{}",
-        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
+        json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "over_paced_us": floor.paced_us, "over_paced_cpu_us": floor.paced_cpu_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
                "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v),
                "rounds_3_nodes": rounds_json})
     );
@@ -296,7 +296,8 @@ const REPLICA_ROWS: f64 = 6.0;
 /// of the gateway's own work: the bare server's CPU (the upgrade itself, on the same hyper and
 /// fastwebsockets), [`REPLICA_ROWS`] bare redb row writes in transactions of the run's commands
 /// an entry, and the run's log flushes a handshake at a bare flush's CPU (`flush`, the floor
-/// probe's [`support::Floor::over_cpu_us`]). Beside it, the best share of the bare server's rate
+/// probe's [`support::Floor::paced_cpu_us`]: flushes as far apart as a node's under this load,
+/// not back to back, which on some filesystems cost less). Beside it, the best share of the bare server's rate
 /// that floor allows at the bare run's CPU use and this run's
 /// loader (the same reckoning as [`split`]'s budget). None without both runs' handshakes.
 fn replicas_floor(
@@ -312,10 +313,11 @@ fn replicas_floor(
     let flushes = raft.fsyncs / hs.ok as f64;
     let floor = bare_s + REPLICA_ROWS * row + flushes * flush;
     let best = (bare_s + bare_ld) / (floor + loader);
+    let pace = support::PACE.as_millis();
     let line = format!(
         "gateway 3 nodes, the floor of three replicas at this run's batching: the bare server's {bare_s:.0} us \
          + {REPLICA_ROWS} bare row writes of {row:.1} us (transactions of {per_entry}) + {flushes:.2} log flushes of \
-         {flush:.0} us CPU = {floor:.0} us a handshake: at most {best:.2}x the bare server's rate beside this loader's \
+         {flush:.0} us CPU (one every {pace} ms) = {floor:.0} us a handshake: at most {best:.2}x the bare server's rate beside this loader's \
          {loader:.0} us (goal {GOAL_SHARE}x)"
     );
     let json = json!({"bare_server_us": bare_s, "row_us": row, "rows": REPLICA_ROWS, "commands_per_entry": per_entry,

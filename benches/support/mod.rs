@@ -388,6 +388,15 @@ pub struct Floor {
     /// clock, user and system): what a replica's flush of one entry costs its cores, in
     /// microseconds; the wait for the disk is not CPU.
     pub over_cpu_us: f64,
+    /// The median one-writer overwrite + fdatasync with one every [`PACE`], as a node's log
+    /// writer flushes under load, instead of back to back: a filesystem may add work to a flush
+    /// that follows a clock tick (ext4 without a journal writes the file's inode, whose
+    /// modification time moved, in the same `fdatasync`: README, "A log flush on a filesystem
+    /// without a journal").
+    pub paced_us: f64,
+    /// The CPU time of one of those paced flushes, as [`Floor::over_cpu_us`] (the sleep before
+    /// each is not counted).
+    pub paced_cpu_us: f64,
     /// The median one-byte TCP round trip over loopback (no Nagle).
     pub rtt_us: f64,
     /// The median bare replicated write (see [`quorum_probe`]): a client's request to a leader
@@ -406,12 +415,17 @@ impl Floor {
     /// The floor as the benches print it.
     pub fn describe(&self) -> String {
         format!(
-            "fdatasync p50 {:.0} us appending, {:.0} us overwriting (three writers at once: {:.0} and {:.0} us), \
+            "fdatasync p50 {:.0} us appending, {:.0} us overwriting (three writers at once: {:.0} and {:.0} us; \
+             one overwrite every {} ms: {:.0} us, {:.0} us CPU against {:.0} back to back), \
              loopback round trip p50 {:.0} us, bare replicated write p50 {:.0} us, vCPU halt polling {}",
             self.fsync_us,
             self.over_us,
             self.fsync3_us,
             self.over3_us,
+            PACE.as_millis(),
+            self.paced_us,
+            self.paced_cpu_us,
+            self.over_cpu_us,
             self.rtt_us,
             self.quorum_us,
             self.halt_poll_ns.map_or("n/a".to_string(), |ns| format!("{ns} ns"))
@@ -419,10 +433,18 @@ impl Floor {
     }
 }
 
+/// How far apart [`Floor::paced_us`]'s flushes are: about how often a bench node's log writer
+/// flushes in a three-node handshake run (~500 flushes a second each).
+pub const PACE: Duration = Duration::from_millis(2);
+
+/// Flushes the paced probe makes (half a second at [`PACE`]).
+const PACED_ROUNDS: usize = 250;
+
 /// `writers` threads, each writing 4 KiB and calling fdatasync `rounds` times on a file of its
 /// own in the directory the nodes write to (appending, or over a file zero-filled and synced
-/// first); every call's latency and the CPU time the calling thread spent in it, in microseconds.
-fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<(f64, f64)> {
+/// first), sleeping `pace` before each when given; every call's latency and the CPU time the
+/// calling thread spent in it, in microseconds.
+fn fsync_probe(writers: usize, rounds: usize, overwrite: bool, pace: Option<Duration>) -> Vec<(f64, f64)> {
     let start = std::sync::Barrier::new(writers);
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..writers)
@@ -433,6 +455,9 @@ fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<(f64, f64)
                     start.wait();
                     (0..rounds)
                         .map(|_| {
+                            if let Some(pace) = pace {
+                                std::thread::sleep(pace);
+                            }
                             let cpu = replica::thread_cpu_us();
                             let t = Instant::now();
                             log.flush_block();
@@ -451,11 +476,12 @@ fn fsync_probe(writers: usize, rounds: usize, overwrite: bool) -> Vec<(f64, f64)
 pub fn floor(rounds: usize) -> Floor {
     use std::io::Write;
     let latency = |v: &[(f64, f64)]| v.iter().map(|(us, _)| *us).collect::<Vec<f64>>();
-    let fsync = latency(&fsync_probe(1, rounds, false));
-    let fsync3 = latency(&fsync_probe(3, rounds, false));
-    let over_probe = fsync_probe(1, rounds, true);
-    let (over, over_cpu) = (latency(&over_probe), over_probe.iter().map(|(_, cpu)| *cpu).collect());
-    let over3 = latency(&fsync_probe(3, rounds, true));
+    let cpu = |v: &[(f64, f64)]| v.iter().map(|(_, cpu)| *cpu).collect::<Vec<f64>>();
+    let fsync = latency(&fsync_probe(1, rounds, false, None));
+    let fsync3 = latency(&fsync_probe(3, rounds, false, None));
+    let over_probe = fsync_probe(1, rounds, true, None);
+    let over3 = latency(&fsync_probe(3, rounds, true, None));
+    let paced = fsync_probe(1, PACED_ROUNDS, true, Some(PACE));
 
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo");
     let addr = listener.local_addr().expect("echo addr");
@@ -480,9 +506,11 @@ pub fn floor(rounds: usize) -> Floor {
     Floor {
         fsync_us: median(fsync),
         fsync3_us: median(fsync3),
-        over_us: median(over),
+        over_us: median(latency(&over_probe)),
         over3_us: median(over3),
-        over_cpu_us: median(over_cpu),
+        over_cpu_us: median(cpu(&over_probe)),
+        paced_us: median(latency(&paced)),
+        paced_cpu_us: median(cpu(&paced)),
         rtt_us: median(rtt),
         quorum_us: median(quorum_probe(rounds)),
         halt_poll_ns: std::fs::read_to_string("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
