@@ -32,7 +32,7 @@
 //! `raft-log`: the log writer) beside what the goal of 0.7× the bare server's rate would
 //! leave the servers at the CPU the bare run used a handshake. Under it, the floor of three
 //! replicas: the least any three-node gateway of this design could cost a handshake here (the
-//! bare server's CPU, six bare redb row writes and the run's log flushes at a bare flush's CPU;
+//! bare server's CPU, six bare redb row writes and the run's log flushes at a paced bare flush's CPU;
 //! see [`replicas_floor`]) and the best share of the bare server's rate it leaves.
 //!
 //! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
@@ -296,10 +296,10 @@ const REPLICA_ROWS: f64 = 6.0;
 /// of the gateway's own work: the bare server's CPU (the upgrade itself, on the same hyper and
 /// fastwebsockets), [`REPLICA_ROWS`] bare redb row writes in transactions of the run's commands
 /// an entry, and the run's log flushes a handshake at a bare flush's CPU (`flush`, the floor
-/// probe's [`support::Floor::paced_cpu_us`]: flushes as far apart as a node's under this load,
-/// not back to back, which on some filesystems cost less). Beside it, the best share of the bare server's rate
-/// that floor allows at the bare run's CPU use and this run's
-/// loader (the same reckoning as [`split`]'s budget). None without both runs' handshakes.
+/// probe's [`support::Floor::paced_cpu_us`]: flushes as far apart as a node's under this load;
+/// back-to-back ones cost less on some filesystems). Beside it, the best share of the bare
+/// server's rate that floor allows at the bare run's CPU use and this run's loader (the same
+/// reckoning as [`split`]'s budget). None without both runs' handshakes.
 fn replicas_floor(
     hs: &Run,
     raft: &Renewals,

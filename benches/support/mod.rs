@@ -2,7 +2,7 @@
 //! (killed on drop, also on panic), `/metrics` scraping, and the machine figures printed beside
 //! each result (load average, resident memory of a pid); `postgres` runs the claims bench's
 //! PostgreSQL reference; `replica` measures what a replica pays a command with none of the
-//! gateway's work (a bare row write; [`Floor::over_cpu_us`] is a log flush's CPU).
+//! gateway's work (a bare row write; [`Floor::paced_cpu_us`] is a log flush's CPU at a node's pace).
 
 #![allow(dead_code)] // each bench uses its own subset
 
