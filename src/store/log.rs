@@ -369,11 +369,12 @@ impl LogDb {
         dir: &Path,
         segment_bytes: u64,
     ) -> Result<LogDb, StoreError> {
-        if !dir.join("log").exists() {
-            create::<L>(dir)?;
+        let log = dir.join("log");
+        if !log.exists() {
+            create::<L>(dir).map_err(StoreError::opening(&log))?;
         }
-        let inner = load(&dir.join("log"), segment_bytes)?;
-        fence_older_builds(dir)?;
+        let inner = load(&log, segment_bytes).map_err(StoreError::opening(&log))?;
+        fence_older_builds(dir).map_err(StoreError::opening(&dir.join("log.redb")))?;
         Ok(LogDb { inner: Arc::new(Mutex::new(inner)) })
     }
 

@@ -332,3 +332,18 @@ fn a_log_redb_left_beside_log_is_fenced_on_open() {
     assert_eq!(all(&db), expect(1..=2), "log/ is the log; the old file is not read again");
     assert!(fs::read(dir.path().join("log.redb")).unwrap().starts_with(log_redb::MOVED_NOTE));
 }
+
+#[test]
+fn an_open_that_cannot_read_the_log_names_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file where the log's directory goes (an operator's `> data/log`, say).
+    fs::write(dir.path().join("log"), b"not a directory").unwrap();
+    let err = LogDb::open_sized::<u64>(dir.path(), SMALL).err().expect("a file in the log's place is refused");
+    let log = dir.path().join("log");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{}: ", log.display())), "{msg}");
+    let StoreError::Open { path, source } = &err else { panic!("{err:?}") };
+    assert_eq!(path, &log);
+    assert!(matches!(&**source, StoreError::Io(io) if io.kind() == io::ErrorKind::NotADirectory), "{err:?}");
+    assert_eq!(fs::read(&log).unwrap(), b"not a directory", "nothing is written over it");
+}

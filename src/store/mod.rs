@@ -35,6 +35,23 @@ pub enum StoreError {
     /// A file written in a layout this build does not read.
     #[error("{0}")]
     Incompatible(String),
+    /// Opening the store's files at `path` failed: the path is what an operator looks at (an
+    /// error such as `Is a directory` alone does not say which).
+    #[error("{}: {source}", path.display())]
+    Open { path: std::path::PathBuf, source: Box<StoreError> },
+}
+
+impl StoreError {
+    /// A closure for `map_err` naming `path` on an I/O or redb error of opening it (the other
+    /// kinds name what they found where themselves).
+    pub(crate) fn opening(path: &std::path::Path) -> impl Fn(StoreError) -> StoreError + '_ {
+        move |e| match e {
+            StoreError::Io(_) | StoreError::Redb(_) => {
+                StoreError::Open { path: path.to_path_buf(), source: Box::new(e) }
+            }
+            other => other,
+        }
+    }
 }
 
 macro_rules! from_redb {

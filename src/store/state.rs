@@ -129,7 +129,10 @@ impl StateDb {
         hold_for: Duration,
     ) -> Result<(StateDb, Loaded), StoreError> {
         let path = dir.join("state.redb");
-        let db = redb::Builder::new().set_cache_size(cache_bytes).create(&path)?;
+        let db = redb::Builder::new()
+            .set_cache_size(cache_bytes)
+            .create(&path)
+            .map_err(|e| StoreError::opening(&path)(e.into()))?;
         let txn = db.begin_write()?;
         for t in STATE_TABLES {
             t.create(&txn)?;

@@ -275,6 +275,16 @@ fn a_state_file_of_another_layout_is_refused() {
 }
 
 #[test]
+fn a_state_file_that_cannot_be_opened_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    std::fs::create_dir(&path).unwrap();
+    let err = StateDb::open(dir.path(), crate::store::TEST_CACHE_BYTES).err().expect("a directory is no state file");
+    assert!(err.to_string().starts_with(&format!("{}: ", path.display())), "{err}");
+    assert!(path.is_dir(), "nothing is made in its place");
+}
+
+#[test]
 fn install_refuses_a_snapshot_with_an_unknown_or_repeated_table() {
     let sm = populated();
     let fresh = RedbBackend::fresh();

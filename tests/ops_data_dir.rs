@@ -1,0 +1,60 @@
+//! `gateway serve` refuses a data directory it cannot use, naming the path that is wrong (not only
+//! the system's `File exists` or `Is a directory`), and leaves what it found as it was.
+
+mod common;
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{bin, wait_until, CLI_BOUND};
+
+/// Runs `gateway serve --data-dir <data>` on ephemeral loopback ports: its exit code and stderr.
+fn serve(data: &Path) -> (Option<i32>, String) {
+    let out = tempfile::tempdir().unwrap();
+    let err_path = out.path().join("stderr");
+    let mut child = Command::new(bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .env_remove("GATEWAY_DATA_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .expect("run gateway serve");
+    let status = wait_until(CLI_BOUND, "gateway serve to refuse its data dir", || match child.try_wait() {
+        Ok(Some(st)) => Ok(st),
+        other => Err(format!("{other:?}")),
+    });
+    (status.code(), std::fs::read_to_string(&err_path).unwrap())
+}
+
+#[test]
+fn serve_refuses_a_data_dir_it_cannot_use_and_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // The data dir is a file: a configuration to fix (exit 78).
+    let file = dir.path().join("data");
+    std::fs::write(&file, b"a file").unwrap();
+    let (code, stderr) = serve(&file);
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(stderr.contains(&format!("data dir {}: not a directory", file.display())), "{stderr}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"a file");
+
+    // A directory where the state file goes, and a file where the log's directory goes: the
+    // store fails to open (exit 1) and says which of its paths it could not open.
+    let data = dir.path().join("node");
+    std::fs::create_dir_all(data.join("state.redb")).unwrap();
+    let (code, stderr) = serve(&data);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}: ", data.join("state.redb").display())), "{stderr}");
+    assert!(data.join("state.redb").is_dir());
+
+    let data = dir.path().join("node2");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("log"), b"not the log").unwrap();
+    let (code, stderr) = serve(&data);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}: ", data.join("log").display())), "{stderr}");
+    assert_eq!(std::fs::read(data.join("log")).unwrap(), b"not the log");
+}
