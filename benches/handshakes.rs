@@ -102,7 +102,7 @@ fn main() {
     let (child, addr) = bare::spawn();
     let child = KillOnDrop(child);
     let bare_targets = vec![Target { addr, secret: None, steer: false, fresh: false }];
-    let bare_bytes = rt.block_on(idle_raw(&bare_targets, child.0.id(), idle, "bare"));
+    let (bare_bytes, bare_fixed) = rt.block_on(idle_raw(&bare_targets, child.0.id(), idle, "bare"));
     let hs = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, "bare"));
     let bare_rate = hs.rate();
     let bare_cpu = hs.cpu_per();
@@ -122,7 +122,7 @@ fn main() {
         (c, t)
     };
     let (c, t) = one(&rt);
-    let raw = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
+    let (raw, node_fixed) = rt.block_on(idle_raw(&t, c.nodes[0].pid, idle, "raw"));
     let hs = rt.block_on(handshakes(&t, &[c.nodes[0].pid], conc, secs, "c1"));
     rows.push(row("gateway 1 node, raw idle", &hs, Some(raw), bare_rate, bare_bytes));
     splits.push(split("gateway 1 node", &hs, bare_cpu));
@@ -180,6 +180,14 @@ fn main() {
     drop(c);
     drop(child);
     splits.iter().flatten().for_each(|line| println!("{line}"));
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "resident before any connection (fresh processes, settled): the bare server {:.1} MiB, a one-node gateway \
+         {:.1} MiB ({:.2}x); the idle B/conn column is the growth past these",
+        mib(bare_fixed),
+        mib(node_fixed),
+        node_fixed as f64 / bare_fixed.max(1) as f64
+    );
     let renewals = Renewals::between(&before, &after);
     println!("{renewals}");
     let floor3 = replicas_floor(&hs, &renewals, bare_cpu, conc, floor.paced_cpu_us);
@@ -190,7 +198,7 @@ fn main() {
     println!(
         "{}",
         json!({"bench": "handshakes", "fsync_us": fsync_us, "fsync3_us": fsync3_us, "over_us": over_us, "over3_us": over3_us, "over_paced_us": floor.paced_us, "over_paced_cpu_us": floor.paced_cpu_us, "rtt_us": rtt_us, "quorum_us": quorum_us, "halt_poll_ns": halt_poll_ns, "concurrency": conc, "secs_per_run": secs,
-               "idle": idle, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v),
+               "idle": idle, "idle_rss_before": {"bare": bare_fixed, "gateway_1_node": node_fixed}, "rows": rows, "renewals_3_nodes": renewals.json(), "floor_3_replicas": floor3.map(|(_, v)| v),
                "rounds_3_nodes": rounds_json})
     );
 }
@@ -600,8 +608,9 @@ async fn settled_rss(pid: u32) -> u64 {
     last
 }
 
-/// Holds `n` raw upgraded connections that never read; bytes of `pid`'s RSS per connection.
-async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
+/// Holds `n` raw upgraded connections that never read; bytes of `pid`'s RSS per connection, and
+/// its settled RSS before the first (what the process holds for itself).
+async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> (u64, u64) {
     let before = settled_rss(pid).await;
     let mut held = Vec::with_capacity(n);
     for i in 0..n {
@@ -613,7 +622,7 @@ async fn idle_raw(targets: &[Target], pid: u32, n: usize, tag: &str) -> u64 {
     }
     let after = settled_rss(pid).await;
     drop(held);
-    after.saturating_sub(before) / n as u64
+    (after.saturating_sub(before) / n as u64, before)
 }
 
 /// Holds `n` devices on the project's client, started so that at most `in_flight` are still
