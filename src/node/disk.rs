@@ -19,10 +19,21 @@ pub fn journalless_ext4(dir: &Path) -> Option<String> {
     // `/sys/dev/block/<major:minor>` links to the device's directory, named as the kernel names it.
     let link = std::fs::read_link(format!("/sys/dev/block/{}", mount.device)).ok()?;
     let name = link.file_name()?.to_str()?.to_string();
-    // jbd2 lists each loaded journal as `<device>-<journal inode>`.
+    // ext4 says itself: `journal_task` holds its journal thread's pid, or `<none>`. It is right for
+    // a journal on another device too, which jbd2 lists under that device's name.
+    if let Ok(task) = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/journal_task")) {
+        return no_journal_task(&task).then_some(name);
+    }
+    // A kernel without that file: jbd2 lists each loaded journal as `<device>-<journal inode>`.
     let journals: Vec<String> =
         std::fs::read_dir("/proc/fs/jbd2").ok()?.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
     (!has_journal(&journals, &name)).then_some(name)
+}
+
+/// Whether ext4's `journal_task` text says the filesystem has no journal (anything unexpected:
+/// it may have one, so nothing is said).
+fn no_journal_task(text: &str) -> bool {
+    text.trim() == "<none>"
 }
 
 fn has_journal(journals: &[String], device: &str) -> bool {
@@ -115,6 +126,14 @@ mod tests {
         assert!(!has_journal(&journals, "vd"), "a prefix of another device's name");
         assert!(!has_journal(&journals, "dm-10"));
         assert!(!has_journal(&[], "vda"));
+    }
+
+    #[test]
+    fn ext4_says_no_journal_only_with_none() {
+        assert!(no_journal_task("<none>\n"));
+        assert!(!no_journal_task("412\n"), "the journal thread's pid");
+        assert!(!no_journal_task(""));
+        assert!(!no_journal_task("none"));
     }
 
     #[test]
