@@ -3,30 +3,15 @@
 
 mod common;
 
-use std::fs::File;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
-use common::{bin, wait_until, CLI_BOUND};
+use common::run_cli;
 
-/// Runs `gateway serve --data-dir <data>` on ephemeral loopback ports: its exit code and stderr.
+/// `gateway serve --data-dir <data>` on ephemeral loopback ports: its exit code and stderr.
 fn serve(data: &Path) -> (Option<i32>, String) {
-    let out = tempfile::tempdir().unwrap();
-    let err_path = out.path().join("stderr");
-    let mut child = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data)
-        .env_remove("GATEWAY_DATA_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&err_path).unwrap())
-        .spawn()
-        .expect("run gateway serve");
-    let status = wait_until(CLI_BOUND, "gateway serve to refuse its data dir", || match child.try_wait() {
-        Ok(Some(st)) => Ok(st),
-        other => Err(format!("{other:?}")),
-    });
-    (status.code(), std::fs::read_to_string(&err_path).unwrap())
+    let data = data.to_str().expect("a UTF-8 temp path");
+    let out = run_cli(&["serve", "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0", "--data-dir", data]);
+    (out.code, out.stderr)
 }
 
 #[test]

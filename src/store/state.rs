@@ -132,7 +132,8 @@ impl StateDb {
         let db = redb::Builder::new()
             .set_cache_size(cache_bytes)
             .create(&path)
-            .map_err(|e| StoreError::opening(&path)(e.into()))?;
+            .map_err(StoreError::from)
+            .map_err(StoreError::opening(&path))?;
         let txn = db.begin_write()?;
         for t in STATE_TABLES {
             t.create(&txn)?;

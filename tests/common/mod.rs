@@ -535,7 +535,9 @@ impl Cluster {
     }
 }
 
-fn run_cli(args: &[&str]) -> CliOutput {
+/// Runs `gateway <args>` with a deadline ([`CLI_BOUND`], killed after it), capturing output; the
+/// environment's `GATEWAY_*` settings left out.
+pub fn run_cli(args: &[&str]) -> CliOutput {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("stdout");
     let err_path = dir.path().join("stderr");
