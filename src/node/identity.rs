@@ -19,8 +19,13 @@ pub struct Identity {
 }
 
 /// Creates the data dir (and missing parents) readable by its owner only: it holds the secrets.
-pub fn create_data_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+/// A refusal names the path; a file in its place is `not a directory`, not the `File exists`
+/// that making a directory over it says.
+pub fn create_data_dir(dir: &Path) -> Result<(), NodeError> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| {
+        let why = if dir.exists() && !dir.is_dir() { "not a directory".to_string() } else { e.to_string() };
+        NodeError::Config(format!("data dir {}: {why}", dir.display()))
+    })
 }
 
 /// Loads the identity in `dir`, or creates one; `true` when it was created now (a fresh data dir).

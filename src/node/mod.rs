@@ -139,12 +139,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         .transpose()
         .map_err(tls_error)?;
     let peer_client = cluster_tls.as_ref().map(|t| t.peer_client()).transpose().map_err(tls_error)?;
-    identity::create_data_dir(&cfg.data_dir).map_err(|e| {
-        // `File exists` is what making a directory over a file says: say what is wrong instead.
-        let why =
-            if cfg.data_dir.exists() && !cfg.data_dir.is_dir() { "not a directory".to_string() } else { e.to_string() };
-        NodeError::Config(format!("data dir {}: {why}", cfg.data_dir.display()))
-    })?;
+    identity::create_data_dir(&cfg.data_dir)?;
     if let Some(device) = disk::journalless_ext4(&cfg.data_dir) {
         tracing::warn!(data = %cfg.data_dir.display(), %device, "the data directory is on ext4 without a journal: \
             each Raft log flush also writes the segment file's inode when its modification time moved (one more \
