@@ -4,7 +4,9 @@
 //! The reference is a bare fastwebsockets + hyper 1 server (this bench re-executed with
 //! `HANDSHAKES_BENCH_BARE=1`, in its own process so its memory is its own): it upgrades every
 //! request and holds the connection, reading frames until the peer goes. Against it, a one-node
-//! gateway and a three-node gateway cluster (all nodes taking handshakes, `steer=off`):
+//! gateway, the bare relay (three bare servers that replicate a claim and a release with nothing
+//! else: the floor with messages, see `relay/mod.rs`) and a three-node gateway cluster (all nodes
+//! taking handshakes, `steer=off`):
 //!
 //! 1. **Handshakes/s**: C tasks (`HANDSHAKES_BENCH_C`, default 64) loop for
 //!    `HANDSHAKES_BENCH_SECS` (default 5): connect, send the upgrade (for the gateway a device
@@ -36,12 +38,13 @@
 //! see [`replicas_floor`]) and the best share of the bare server's rate it leaves.
 //!
 //! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
-//! bare server's handshakes and then the three nodes', back to back, and a line gives every
-//! round's ratio and their median (`rounds_3_nodes` in the JSON line): a shared machine's rate
+//! bare server's handshakes, the bare relay's and then the three nodes', back to back, and a line
+//! gives every round's ratios and their medians (`rounds_3_nodes` in the JSON line): a shared machine's rate
 //! moves from minute to minute, and a median of pairs measured back to back moves less than one.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
+mod relay;
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -74,6 +77,9 @@ fn env_or(key: &str, default: u64) -> u64 {
 fn main() {
     if std::env::var_os(BARE_ROLE).is_some() {
         return bare::serve();
+    }
+    if let Ok(role) = std::env::var(relay::ROLE) {
+        return relay::serve(role);
     }
     let secs = env_or("HANDSHAKES_BENCH_SECS", 5);
     let conc = env_or("HANDSHAKES_BENCH_C", 64) as usize;
@@ -149,6 +155,26 @@ fn main() {
         drop(c);
     }
 
+    // The floor with messages: three bare processes replicating a claim and a release (`relay`).
+    let relay = relay::spawn();
+    let relay_targets: Vec<Target> =
+        relay.addrs.iter().map(|&addr| Target { addr, secret: None, steer: false, fresh: false }).collect();
+    let counted = relay.counts();
+    let hs = rt.block_on(handshakes(&relay_targets, &relay.pids, conc, secs, "relay"));
+    // The processes write their counts every 100 ms: wait for the run's last ones.
+    std::thread::sleep(Duration::from_millis(300));
+    let now = relay.counts();
+    let [entries, commands, flushes]: [u64; 3] = std::array::from_fn(|i| now[i].saturating_sub(counted[i]));
+    let relay_rate = hs.rate();
+    rows.push(row("bare relay, 3 processes", &hs, None, bare_rate, bare_bytes));
+    splits.push(split("bare relay, 3 processes", &hs, bare_cpu).map(|line| {
+        format!(
+            "{line}; {commands} commands in {entries} entries ({:.1} an entry), {:.2} log flushes a handshake over the three",
+            commands as f64 / entries.max(1) as f64,
+            flushes as f64 / hs.ok.max(1) as f64
+        )
+    }));
+
     // Handshakes on a three-node cluster, every node taking its share.
     let c = Cluster::form(&rt, "handshakes", 3, &NODE_ARGS);
     let t: Vec<Target> = c
@@ -171,13 +197,16 @@ fn main() {
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
     splits.push(split("gateway 3 nodes", &hs, bare_cpu));
     // More rounds: the bare server, then the three nodes, back to back, each pair's ratio.
-    let mut paired = vec![Paired { bare_rate, rate: hs.rate(), server_us: hs.cpu_per().map(|(s, _)| s) }];
+    let mut paired = vec![Paired { bare_rate, relay_rate, rate: hs.rate(), server_us: hs.cpu_per().map(|(s, _)| s) }];
     for r in 2..=rounds {
         let b = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, &format!("bare{r}")));
+        let m = rt.block_on(handshakes(&relay_targets, &relay.pids, conc, secs, &format!("relay{r}")));
         let g = rt.block_on(handshakes(&t, &pids, conc, secs, &format!("c3r{r}")));
-        paired.push(Paired { bare_rate: b.rate(), rate: g.rate(), server_us: g.cpu_per().map(|(s, _)| s) });
+        let server_us = g.cpu_per().map(|(s, _)| s);
+        paired.push(Paired { bare_rate: b.rate(), relay_rate: m.rate(), rate: g.rate(), server_us });
     }
     drop(c);
+    drop(relay);
     drop(child);
     splits.iter().flatten().for_each(|line| println!("{line}"));
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -251,6 +280,18 @@ fn split(name: &str, hs: &Run, bare: Option<(f64, f64)>) -> Option<String> {
     Some(format!("{name}, server CPU us a handshake by thread: {listed}, the rest {:.0}{budget}", per(rest)))
 }
 
+/// Starts this bench again as a server process with `env` (its role); returns the child and the
+/// first line it prints (its addresses).
+fn respawn(env: &[(&str, &std::ffi::OsStr)]) -> (Child, String) {
+    use std::io::BufRead;
+    let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
+    cmd.envs(env.iter().copied()).stdout(Stdio::piped()).stdin(Stdio::null());
+    let mut child = cmd.spawn().expect("spawn a server process");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read its address");
+    (child, line)
+}
+
 /// A child process killed (and reaped) when dropped, also on panic.
 struct KillOnDrop(Child);
 
@@ -261,36 +302,45 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// One round of the bare server's handshakes and then the three nodes' (the first round is the
-/// table's rows, about a minute apart; the others back to back).
+/// One round of the bare server's handshakes, the bare relay's and then the three nodes' (the
+/// first round is the table's rows, about a minute apart; the others back to back).
 struct Paired {
     bare_rate: f64,
+    relay_rate: f64,
     rate: f64,
     server_us: Option<f64>,
 }
 
 impl Paired {
-    /// Prints the rounds' ratios and their median (with more than one round) and returns them as JSON.
+    /// Prints the rounds' ratios and their medians (with more than one round) and returns them as JSON.
     fn report(rounds: &[Paired]) -> serde_json::Value {
-        let ratios: Vec<f64> =
-            rounds.iter().map(|p| if p.bare_rate > 0.0 { p.rate / p.bare_rate } else { 0.0 }).collect();
+        let share = |rate: fn(&Paired) -> f64| -> Vec<f64> {
+            rounds.iter().map(|p| if p.bare_rate > 0.0 { rate(p) / p.bare_rate } else { 0.0 }).collect()
+        };
+        let (ratios, relay) = (share(|p| p.rate), share(|p| p.relay_rate));
         let server: Vec<f64> = rounds.iter().filter_map(|p| p.server_us).collect();
         let (median_ratio, median_us) = (support::median(ratios.clone()), support::median(server.clone()));
+        let median_relay = support::median(relay.clone());
         if rounds.len() > 1 {
             let list =
                 |v: &[f64], digits: usize| v.iter().map(|x| format!("{x:.digits$}")).collect::<Vec<_>>().join(", ");
             println!(
-                "gateway 3 nodes over {} rounds (the bare server, then the three nodes): ratios {}, median {:.2}x \
-                 (goal {GOAL_SHARE}x); server CPU us a handshake {}, median {:.0}",
+                "gateway 3 nodes over {} rounds (the bare server, the bare relay, then the three nodes): ratios {}, \
+                 median {:.2}x (goal {GOAL_SHARE}x); the bare relay's {}, median {:.2}x; server CPU us a handshake {}, \
+                 median {:.0}",
                 rounds.len(),
                 list(&ratios, 2),
                 median_ratio,
+                list(&relay, 2),
+                median_relay,
                 list(&server, 0),
                 median_us
             );
         }
         json!({"bare_rates": rounds.iter().map(|p| p.bare_rate).collect::<Vec<_>>(),
                "rates": rounds.iter().map(|p| p.rate).collect::<Vec<_>>(), "ratios": ratios,
+               "relay_rates": rounds.iter().map(|p| p.relay_rate).collect::<Vec<_>>(), "relay_ratios": relay,
+               "median_relay_ratio": median_relay,
                "server_cpu_us_per_handshake": server, "median_ratio": median_ratio,
                "median_server_cpu_us_per_handshake": median_us})
     }
@@ -695,18 +745,9 @@ mod bare {
     use hyper::service::service_fn;
     use hyper::{Request, Response};
     use hyper_util::rt::TokioIo;
-    use std::io::BufRead;
-
     /// Starts this bench as the bare server; returns the child and its address.
     pub fn spawn() -> (Child, SocketAddr) {
-        let mut child = Command::new(std::env::current_exe().expect("current exe"))
-            .env(BARE_ROLE, "1")
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn bare server");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read address");
+        let (child, line) = super::respawn(&[(BARE_ROLE, "1".as_ref())]);
         (child, line.trim().parse().expect("bare server address"))
     }
 
