@@ -6,9 +6,15 @@
 
 #![allow(dead_code)] // each bench uses its own subset
 
+// The tests' harness hands out loopback ports; the benches use the same code, so that no two of
+// a bench's nodes (or a node and PostgreSQL) are given one port.
+#[path = "../../tests/common/ports.rs"]
+mod ports;
 pub mod postgres;
 mod procfs;
 pub mod replica;
+
+pub use ports::free_port;
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -321,10 +327,6 @@ impl ThreadCpu {
 pub fn cpu_us(pid: u32) -> Option<u64> {
     let pid = if pid == 0 { "self".to_string() } else { pid.to_string() };
     gateway::metrics::process::cpu_seconds_of(&pid).map(|s| (s * 1e6) as u64)
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
 }
 
 /// Children must not pick up GATEWAY_* settings from the environment running the bench.

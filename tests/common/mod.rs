@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod http;
+mod ports;
 pub mod proxy;
 pub mod raw;
 pub mod status;
@@ -14,13 +15,13 @@ pub mod tls;
 pub mod upstream;
 pub mod ws;
 
-use std::collections::HashSet;
+pub use ports::{free_port, listen_local};
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)] // each test binary uses a different subset
@@ -82,30 +83,6 @@ pub fn wait_until<T, E: std::fmt::Debug>(bound: Duration, what: &str, mut f: imp
             }
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-
-/// A loopback port that was free a moment ago and that this process has not handed out before.
-pub fn free_port() -> u16 {
-    listen_local().local_addr().unwrap().port()
-}
-
-/// A loopback listener on an ephemeral port this process has not handed out before, for the
-/// test's own servers (fault proxies, backends). A port [`free_port`] handed out is free until
-/// its node binds it, and the kernel may give it to another `bind(0)` meanwhile: a proxy that
-/// took a node's cluster port answered that node's health check for it, and the node could
-/// not listen (`Address already in use`).
-pub fn listen_local() -> TcpListener {
-    let mut taken = Vec::new(); // held until a new port comes, so the kernel offers another
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        if HANDED_OUT.lock().unwrap().get_or_insert_with(HashSet::new).insert(port) {
-            return listener;
-        }
-        taken.push(listener);
     }
 }
 
