@@ -39,8 +39,9 @@
 //!
 //! With `HANDSHAKES_BENCH_ROUNDS=N` (default 1), N − 1 more rounds follow the table, each the
 //! bare server's handshakes, the bare relay's and then the three nodes', back to back, and a line
-//! gives every round's ratios and their medians (`rounds_3_nodes` in the JSON line): a shared machine's rate
-//! moves from minute to minute, and a median of pairs measured back to back moves less than one.
+//! gives every round's ratios and their medians (`rounds_3_nodes` in the JSON line): a shared
+//! machine's rate moves from minute to minute, and a median of rounds measured back to back moves
+//! less than one.
 //!
 //! Prints a table and a JSON line; asserts nothing.
 
@@ -196,7 +197,7 @@ fn main() {
     let after = scrape_all(&rt);
     rows.push(row("gateway 3 nodes", &hs, None, bare_rate, bare_bytes));
     splits.push(split("gateway 3 nodes", &hs, bare_cpu));
-    // More rounds: the bare server, then the three nodes, back to back, each pair's ratio.
+    // More rounds: the bare server, the bare relay, then the three nodes, back to back, each one's ratio.
     let mut paired = vec![Paired { bare_rate, relay_rate, rate: hs.rate(), server_us: hs.cpu_per().map(|(s, _)| s) }];
     for r in 2..=rounds {
         let b = rt.block_on(handshakes(&bare_targets, &[child.0.id()], conc, secs, &format!("bare{r}")));
