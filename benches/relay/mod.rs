@@ -98,18 +98,16 @@ pub fn spawn() -> Relay {
         std::fs::create_dir(&data).expect("relay data dir");
         let (child, line) = super::respawn(&[(ROLE, role.as_ref()), (DIR, data.as_os_str())]);
         let addrs: Vec<SocketAddr> = line.split_whitespace().map(|a| a.parse().expect("relay address")).collect();
-        (super::KillOnDrop(child), addrs)
+        (super::KillOnDrop(child), addrs, data.join(STATS))
     };
-    let (leader, la) = start("leader", "l");
-    let peer = la[1].to_string();
-    let (f1, a1) = start(&peer, "f1");
-    let (f2, a2) = start(&peer, "f2");
-    let children = vec![leader, f1, f2];
+    let leader = start("leader", "l");
+    let peer = leader.1[1].to_string();
+    let started = [leader, start(&peer, "f1"), start(&peer, "f2")];
     Relay {
-        addrs: vec![la[0], a1[0], a2[0]],
-        pids: children.iter().map(|c| c.0.id()).collect(),
-        stats: ["l", "f1", "f2"].iter().map(|n| dir.path().join(n).join(STATS)).collect(),
-        _children: children,
+        addrs: started.iter().map(|(_, addrs, _)| addrs[0]).collect(),
+        pids: started.iter().map(|(child, _, _)| child.0.id()).collect(),
+        stats: started.iter().map(|(_, _, stats)| stats.clone()).collect(),
+        _children: started.into_iter().map(|(child, _, _)| child).collect(),
         _dir: dir,
     }
 }
