@@ -21,6 +21,7 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Cursor;
+use std::sync::Arc;
 use std::time::Instant;
 
 use gateway::codec::head_for_bytes;
@@ -64,13 +65,13 @@ impl Machine {
             })
             .collect();
         m.entry(Input::Membership { members, voters: [1, 2, 3].into_iter().collect::<BTreeSet<_>>() });
-        m.entry(Input::Commands { term: 2, cmds: vec![ExtendLeases { at_ms: 0, lease_ms: 0 }.into()] });
+        m.entry(Input::Commands { term: 2, cmds: Arc::new(vec![ExtendLeases { at_ms: 0, lease_ms: 0 }.into()]) });
         let renew =
             |node| Renew { node, at_ms: 0, lease_ms: 1 << 40, connections: 0, draining: false, incarnation: 0 }.into();
-        m.entry(Input::Commands { term: 2, cmds: vec![renew(1), renew(2)] });
+        m.entry(Input::Commands { term: 2, cmds: Arc::new(vec![renew(1), renew(2)]) });
         let all: Vec<usize> = (0..held).collect();
         for chunk in all.chunks(100) {
-            m.entry(Input::Commands { term: 2, cmds: chunk.iter().map(|&n| claim(n, 1, 1)).collect() });
+            m.entry(Input::Commands { term: 2, cmds: Arc::new(chunk.iter().map(|&n| claim(n, 1, 1)).collect()) });
         }
         m
     }
@@ -116,7 +117,7 @@ fn workload(kind: &str, per: usize, txns: usize, held: usize) -> Vec<Vec<Command
 fn timed(m: &mut Machine, entries: Vec<Vec<Command>>) -> f64 {
     let t = Instant::now();
     for cmds in entries {
-        m.entry(Input::Commands { term: 2, cmds });
+        m.entry(Input::Commands { term: 2, cmds: Arc::new(cmds) });
     }
     t.elapsed().as_secs_f64()
 }

@@ -90,6 +90,20 @@ struct Pending {
     _bytes: Option<OwnedSemaphorePermit>,
 }
 
+/// A batched command's caller, once the batch's commands went their own way (see [`write_batch`]).
+struct Waiter {
+    local_only: bool,
+    reply: oneshot::Sender<Result<Reply, ProposeError>>,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+impl Pending {
+    fn split(self) -> (Command, Waiter) {
+        let Pending { cmd, local_only, reply, _bytes } = self;
+        (cmd, Waiter { local_only, reply, _bytes })
+    }
+}
+
 /// Handle to submit commands; cheap to clone.
 #[derive(Clone)]
 pub struct Proposer {
@@ -376,18 +390,14 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
     // The slot is for a write here; a bulk forward holds one of the queue's lanes instead (see
     // `MAX_FORWARDS`), an urgent one neither. A pause (a leader's lease, an election) holds none.
     let mut slot = Some(permit);
-    let mut batch = batch;
+    // The commands go to Raft shared, not copied: a refused write (this node does not lead, or
+    // leads without its lease) drops Raft's share, so they come back for the next round.
+    let (cmds, mut batch): (Vec<Command>, Vec<Waiter>) = batch.into_iter().map(Pending::split).unzip();
+    let mut cmds = Arc::new(cmds);
     loop {
         let now = ctx.clock.now_ms();
-        let cmds: Vec<Command> = batch
-            .iter()
-            .map(|p| {
-                let mut c = p.cmd.clone();
-                c.stamp(now);
-                c
-            })
-            .collect();
-        let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds: cmds.into() })).await;
+        Arc::make_mut(&mut cmds).iter_mut().for_each(|c| c.stamp(now));
+        let write = tokio::time::timeout_at(deadline, ctx.raft.client_write(Request { cmds: cmds.clone() })).await;
         if let (Some(fill), Ok(Ok(_)), Some(_)) = (&ctx.fill, &write, &slot) {
             fill.committed(batch.len());
         }
@@ -418,9 +428,7 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             tokio::time::sleep(pause).await;
             continue;
         }
-        let (local, remote): (Vec<_>, Vec<_>) = batch.into_iter().partition(|p| p.local_only);
-        answer_all(local, ProposeError::NoLeader);
-        batch = remote;
+        answer_all(split_off(&mut cmds, &mut batch, |w| !w.local_only), ProposeError::NoLeader);
         if batch.is_empty() {
             return;
         }
@@ -445,14 +453,13 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                 };
                 drop(slot.take());
                 // Callers that gave up while the batch waited for a lane are not forwarded.
-                let before = batch.len();
-                batch.retain(|p| !p.reply.is_closed());
-                ctx.metrics.propose_abandoned.inc_by((before - batch.len()) as u64);
+                let gave_up = split_off(&mut cmds, &mut batch, |w| !w.reply.is_closed());
+                ctx.metrics.propose_abandoned.inc_by(gave_up.len() as u64);
                 if batch.is_empty() {
                     return;
                 }
                 let sent = {
-                    let cmds: Vec<&Command> = batch.iter().map(|p| &p.cmd).collect();
+                    let cmds: Vec<&Command> = cmds.iter().collect();
                     let sent = forward(&ctx.http, &leader.cluster_addr, &cmds, deadline);
                     tokio::pin!(sent);
                     // A lane is held while its leader leads: forwards stuck on a leader that froze
@@ -510,9 +517,22 @@ async fn next_leader(raft: &Raft, gone: Option<u64>, deadline: tokio::time::Inst
     found
 }
 
-fn answer_all(batch: Vec<Pending>, e: ProposeError) {
-    for p in batch {
-        let _ = p.reply.send(Err(e.clone()));
+/// Keeps the commands whose callers `keep` keeps, in order; the others' callers are returned.
+fn split_off(cmds: &mut Arc<Vec<Command>>, batch: &mut Vec<Waiter>, keep: impl Fn(&Waiter) -> bool) -> Vec<Waiter> {
+    if batch.iter().all(&keep) {
+        return Vec::new();
+    }
+    let all = std::mem::take(Arc::make_mut(cmds)).into_iter().zip(std::mem::take(batch));
+    let (kept, out): (Vec<_>, Vec<_>) = all.partition(|(_, w)| keep(w));
+    let (kept_cmds, kept): (Vec<Command>, Vec<Waiter>) = kept.into_iter().unzip();
+    *Arc::make_mut(cmds) = kept_cmds;
+    *batch = kept;
+    out.into_iter().map(|(_, w)| w).collect()
+}
+
+fn answer_all(batch: Vec<Waiter>, e: ProposeError) {
+    for w in batch {
+        let _ = w.reply.send(Err(e.clone()));
     }
 }
 

@@ -185,3 +185,35 @@ async fn the_queue_holds_at_most_its_bytes_and_a_caller_waits_for_room_within_it
     let want: Vec<String> = (1..fit).map(|i| format!("d{i}")).chain(["d99".into(), format!("d{}", fit + 1)]).collect();
     assert_eq!(queued, want, "the publish that timed out was never queued");
 }
+
+/// A refused batch keeps each command with its own caller when some callers leave it (gave up,
+/// or wait for a leader duty a follower must not forward), whether Raft still shares the
+/// commands or not.
+#[test]
+fn a_batch_split_keeps_each_command_with_its_caller_in_order() {
+    for shared in [false, true] {
+        let (cmds, mut batch): (Vec<Command>, Vec<Waiter>) = (0..6)
+            .map(|i| {
+                let mut p = if i % 3 == 1 { abandoned(release(i)) } else { pending(release(i)) };
+                p.local_only = i % 3 == 2;
+                p.split()
+            })
+            .unzip();
+        let mut cmds = Arc::new(cmds);
+        let raft_share = shared.then(|| cmds.clone());
+        let local = split_off(&mut cmds, &mut batch, |w| !w.local_only);
+        assert_eq!(local.len(), 2);
+        assert!(local.iter().all(|w| w.local_only));
+        let gave_up = split_off(&mut cmds, &mut batch, |w| !w.reply.is_closed());
+        assert_eq!(gave_up.len(), 2);
+        assert!(gave_up.iter().all(|w| w.reply.is_closed()));
+        let kept: Vec<&str> = cmds.iter().map(device).collect();
+        assert_eq!(kept, [device(&release(0)), device(&release(3))], "shared: {shared}");
+        assert!(batch.iter().all(|w| !w.local_only && !w.reply.is_closed()));
+        assert!(split_off(&mut cmds, &mut batch, |_| true).is_empty());
+        assert_eq!(cmds.len(), batch.len());
+        if let Some(share) = raft_share {
+            assert_eq!(share.len(), 6, "what Raft holds is not changed under it");
+        }
+    }
+}

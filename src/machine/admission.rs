@@ -44,7 +44,7 @@ pub struct SetAdmission {
 impl Apply for SetAdmission {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
         // An out-of-range budget leaves the one in force (see `Budget::is_valid`).
         if self.budget.is_none_or(|b| b.is_valid()) {
             cx.state.admission = self.budget;

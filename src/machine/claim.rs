@@ -44,7 +44,7 @@ pub enum ClaimReply {
 impl Apply for Claim {
     type Reply = ClaimReply;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
         claim(cx, self, None)
     }
 }
@@ -60,20 +60,20 @@ pub struct ClaimTenant {
 impl Apply for ClaimTenant {
     type Reply = ClaimReply;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
-        claim(cx, self.claim, Some(self.tenant))
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<ClaimReply, T::Error> {
+        claim(cx, &self.claim, Some(&self.tenant))
     }
 }
 
-fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Result<ClaimReply, T::Error> {
-    let Claim { device, node, conn, epoch, attempt } = c;
+fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: &Claim, tenant: Option<&String>) -> Result<ClaimReply, T::Error> {
+    let &Claim { ref device, node, conn, epoch, attempt } = c;
     let claim = (epoch, attempt);
-    let floor = cx.tables.floor(&device)?;
+    let floor = cx.tables.floor(device)?;
     // Only an accepted claim writes a route or a device's tenant, and it writes the floor beside
     // them; floors are never deleted. So a device without a floor has neither: no reads for
     // them (every first claim of a device saves these B-tree lookups).
     let route = match floor {
-        Some(_) => cx.tables.route(&device)?,
+        Some(_) => cx.tables.route(device)?,
         None => None,
     };
     if let Some(f) = &floor {
@@ -81,7 +81,7 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
             // A replayed claim (same conn, same attempt, still holding the route) is idempotent.
             if let Some(r) = route.as_ref().filter(|r| r.node == node && r.conn == conn) {
                 if claim == (f.max_epoch, f.max_attempt) {
-                    let head = local_head(cx, &device, node, true)?;
+                    let head = local_head(cx, device, node, true)?;
                     return Ok(ClaimReply::Accepted { version: r.version, superseded: None, head });
                 }
             }
@@ -92,7 +92,7 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
         return Ok(ClaimReply::NodeNotLive);
     }
     if let Some(t) = &tenant {
-        let holds_slot = route.is_some() && cx.tables.device_tenant(&device)?.as_ref() == Some(t);
+        let holds_slot = route.is_some() && cx.tables.device_tenant(device)?.as_ref() == Some(t);
         if !holds_slot {
             if let Err(limit) = admits_connection(cx.tables, t)? {
                 return Ok(ClaimReply::QuotaExhausted { limit });
@@ -103,7 +103,7 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
     let superseded = match &route {
         Some(old) => {
             // The old route's row and index entry are overwritten or moved by `put_route`.
-            uncount_tenant(cx.tables, &device)?;
+            uncount_tenant(cx.tables, device)?;
             if let Some(l) = cx.state.nodes.get_mut(&old.node) {
                 l.routes = l.routes.saturating_sub(1);
             }
@@ -112,23 +112,23 @@ fn claim<T: Tables>(cx: &mut Ctx<'_, T>, c: Claim, tenant: Option<String>) -> Re
         }
         None => None,
     };
-    cx.tables.put_route(&device, &Route { node, conn, version }, route.map(|r| r.node))?;
+    cx.tables.put_route(device, &Route { node, conn, version }, route.map(|r| r.node))?;
     if let Some(l) = cx.state.nodes.get_mut(&node) {
         l.routes += 1;
     }
     match &tenant {
         Some(t) => {
             count_route(cx.tables, t, 1)?;
-            cx.tables.put_device_tenant(&device, t)?;
+            cx.tables.put_device_tenant(device, t)?;
         }
         // Without a floor there is no tenant row to delete (see above).
-        None if floor.is_some() => cx.tables.remove_device_tenant(&device)?,
+        None if floor.is_some() => cx.tables.remove_device_tenant(device)?,
         None => {}
     }
     let had_floor = floor.is_some();
     let floor = Floor { max_version: version, max_epoch: epoch, max_attempt: attempt, last_node: node };
-    cx.tables.put_floor(&device, &floor)?;
-    let head = local_head(cx, &device, node, had_floor)?;
+    cx.tables.put_floor(device, &floor)?;
+    let head = local_head(cx, device, node, had_floor)?;
     Ok(ClaimReply::Accepted { version, superseded, head })
 }
 
@@ -159,7 +159,7 @@ pub struct Release {
 impl Apply for Release {
     type Reply = bool;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
         match cx.tables.route(&self.device)? {
             Some(r) if r.conn == self.conn => {
                 remove_route(cx.state, cx.tables, &self.device, &r)?;

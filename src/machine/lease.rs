@@ -19,8 +19,8 @@ pub struct Init {
 impl Apply for Init {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
-        cx.state.cluster_id.get_or_insert(self.cluster_id);
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+        cx.state.cluster_id.get_or_insert_with(|| self.cluster_id.clone());
         Ok(())
     }
 }
@@ -42,7 +42,7 @@ pub struct Renew {
 impl Apply for Renew {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
         if !cx.state.is_member(self.node) {
             return Ok(());
         }
@@ -90,7 +90,7 @@ pub struct Swept {
 impl Apply for Sweep {
     type Reply = Swept;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Swept, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<Swept, T::Error> {
         let mut swept = Swept { expired: Vec::new(), routes_deleted: 0 };
         // A sweep proposed in another term than the last lease extension (a leader re-elected
         // between its check and its proposal, a stale one committed by a successor) could expire
@@ -98,7 +98,7 @@ impl Apply for Sweep {
         if cx.term != cx.state.extended_term {
             return Ok(swept);
         }
-        for node in self.candidates {
+        for &node in &self.candidates {
             let lapsed = cx.state.nodes.get(&node).is_some_and(|l| {
                 l.state != LeaseState::Expired && l.lease_until_ms.saturating_add(self.grace_ms) < self.at_ms
             });
@@ -130,7 +130,7 @@ pub struct ExtendLeases {
 impl Apply for ExtendLeases {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
         cx.state.extended_term = cx.state.extended_term.max(cx.term);
         for l in cx.state.nodes.values_mut().filter(|l| l.state != LeaseState::Expired && l.extendable) {
             l.lease_until_ms = l.lease_until_ms.max(self.at_ms.saturating_add(self.lease_ms));
@@ -153,7 +153,7 @@ pub struct Suspect {
 impl Apply for Suspect {
     type Reply = bool;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
         match cx.state.nodes.get_mut(&self.node) {
             Some(l) if l.state == LeaseState::Live => {
                 l.state = LeaseState::Suspect;
@@ -175,7 +175,7 @@ pub struct Drain {
 impl Apply for Drain {
     type Reply = bool;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
         match cx.state.nodes.get_mut(&self.node) {
             Some(l) if l.state == LeaseState::Live => {
                 l.state = LeaseState::Draining;
@@ -195,7 +195,7 @@ pub struct ReleaseNode {
 impl Apply for ReleaseNode {
     type Reply = u64;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
         delete_node_routes(cx.state, cx.tables, self.node)
     }
 }
@@ -209,7 +209,7 @@ pub struct Forget {
 impl Apply for Forget {
     type Reply = u64;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
         let n = delete_node_routes(cx.state, cx.tables, self.node)?;
         cx.state.nodes.remove(&self.node);
         cx.state.capacity.remove(&self.node);

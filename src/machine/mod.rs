@@ -28,6 +28,7 @@ pub(crate) mod testkit;
 pub(crate) mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -112,11 +113,12 @@ impl State {
 
     /// Members whose applied lease state is live: the ring's input.
     pub fn live_set(&self) -> Vec<NodeId> {
-        self.nodes
-            .iter()
-            .filter(|(id, l)| l.state == LeaseState::Live && self.is_member(**id))
-            .map(|(id, _)| *id)
-            .collect()
+        self.live().collect()
+    }
+
+    /// [`State::live_set`] in order, without collecting it.
+    fn live(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.iter().filter(|(id, l)| l.state == LeaseState::Live && self.is_member(**id)).map(|(id, _)| *id)
     }
 }
 
@@ -149,7 +151,7 @@ pub struct Ctx<'a, T> {
 /// A command's rule: applies it and answers its own reply type.
 pub trait Apply {
     type Reply;
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Self::Reply, T::Error>;
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<Self::Reply, T::Error>;
 }
 
 /// A typed command: what the [`Command`] vocabulary carries and how its [`Reply`] unwraps.
@@ -175,7 +177,7 @@ macro_rules! commands {
         }
 
         impl Command {
-            fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<Reply, T::Error> {
+            fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<Reply, T::Error> {
                 match self {
                     $(Command::$name(c) => c.apply(cx).map(Reply::$name),)*
                 }
@@ -245,10 +247,10 @@ commands! {
     SetMaxConnections => (),
 }
 
-impl Command {
-    /// The time a time-dependent command carries, for [`Command::stamp`] to set.
-    fn at_ms(&mut self) -> Option<&mut u64> {
-        match self {
+/// The `at_ms` field of a time-dependent command, by reference (shared or mutable, as `$cmd` is).
+macro_rules! at_ms_of {
+    ($cmd:expr) => {
+        match $cmd {
             Command::Renew(Renew { at_ms, .. })
             | Command::Sweep(Sweep { at_ms, .. })
             | Command::ExtendLeases(ExtendLeases { at_ms, .. })
@@ -260,6 +262,18 @@ impl Command {
             | Command::BeginScaleIn(BeginScaleIn { at_ms, .. }) => Some(at_ms),
             _ => None,
         }
+    };
+}
+
+impl Command {
+    /// The time a time-dependent command carries, for [`Command::stamp`] to set.
+    fn at_ms(&mut self) -> Option<&mut u64> {
+        at_ms_of!(self)
+    }
+
+    /// The time a time-dependent command carries: what its apply advances cluster time to.
+    fn stamped(&self) -> Option<u64> {
+        at_ms_of!(self).copied()
     }
 
     /// Lease and leader duties: proposed ahead of claims and messages, so that a flood of those
@@ -325,8 +339,9 @@ pub enum Input {
     Blank,
     /// A membership change committed: these are the members now.
     Membership { members: BTreeMap<NodeId, Member>, voters: BTreeSet<NodeId> },
-    /// A batch of commands proposed in `term`, answered one reply each, in order.
-    Commands { term: u64, cmds: Vec<Command> },
+    /// A batch of commands proposed in `term`, answered one reply each, in order. Shared: the
+    /// apply reads the commands, so the log's in-memory tail and the apply need no copies.
+    Commands { term: u64, cmds: Arc<Vec<Command>> },
 }
 
 /// Applies the entry at log `index` on the node `local` (see [`Ctx::local`]). The ring version
@@ -354,11 +369,11 @@ pub fn apply<T: Tables>(
         Input::Commands { term, cmds } => {
             let mut cx = Ctx { term, state: &mut *state, tables, events, local };
             let mut replies = Vec::with_capacity(cmds.len());
-            for mut cmd in cmds {
-                if let Some(at_ms) = cmd.at_ms() {
-                    cx.state.clock_ms = cx.state.clock_ms.max(*at_ms);
+            for cmd in cmds.iter() {
+                if let Some(at_ms) = cmd.stamped() {
+                    cx.state.clock_ms = cx.state.clock_ms.max(at_ms);
                 }
-                let watch = cmd.watched().then(|| Watch::of(cx.state, &cmd));
+                let watch = cmd.watched().then(|| Watch::of(cx.state, cmd));
                 replies.push(cmd.apply(&mut cx)?);
                 if let Some(w) = watch {
                     w.record(&mut cx, index, &live_before)?;
@@ -367,7 +382,7 @@ pub fn apply<T: Tables>(
             replies
         }
     };
-    if state.live_set() != live_before {
+    if !state.live().eq(live_before.iter().copied()) {
         state.ring_version = index;
     }
     Ok(replies)

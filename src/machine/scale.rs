@@ -21,7 +21,7 @@ pub struct SetCapacity {
 impl Apply for SetCapacity {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
         if !cx.state.is_member(self.node) {
             return Ok(());
         }
@@ -42,7 +42,7 @@ pub struct SetMaxConnections {
 impl Apply for SetMaxConnections {
     type Reply = ();
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<(), T::Error> {
         if !cx.state.is_member(self.node) {
             return Ok(());
         }
@@ -125,7 +125,7 @@ pub const MIN_VOTERS_AFTER: u64 = 2;
 impl Apply for BeginScaleIn {
     type Reply = ScaleInReply;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<ScaleInReply, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<ScaleInReply, T::Error> {
         let s = &mut *cx.state;
         let expires_at_ms = self.at_ms.saturating_add(self.ttl_ms);
         if let Some(l) = s.scale_in.as_mut() {
@@ -212,7 +212,7 @@ pub struct EndScaleIn {
 impl Apply for EndScaleIn {
     type Reply = bool;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<bool, T::Error> {
         let held = cx.state.scale_in.as_ref().is_some_and(|l| l.owner == self.owner && l.node == self.node);
         if held {
             cx.state.scale_in = None;

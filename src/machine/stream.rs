@@ -88,7 +88,7 @@ pub enum PublishReply {
 impl Apply for Publish {
     type Reply = PublishReply;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<PublishReply, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<PublishReply, T::Error> {
         let t = &mut *cx.tables;
         let device = self.device.as_str();
         if t.floor(device)?.is_none() {
@@ -114,7 +114,7 @@ impl Apply for Publish {
             }
         }
         h.head += 1;
-        let msg = Message { at_ms: self.at_ms, payload: self.payload, key: self.key };
+        let msg = Message { at_ms: self.at_ms, payload: self.payload.clone(), key: self.key.clone() };
         t.put_message(device, h.head, &msg)?;
         if let Some(key) = &msg.key {
             if let Some(expired) = t.idempotent(device, key)? {
@@ -149,7 +149,7 @@ impl Apply for Publish {
             cx.events.push(Event::Published(Delivery {
                 node: r.node,
                 conn: r.conn,
-                device: self.device,
+                device: self.device.clone(),
                 seq,
                 payload: msg.payload,
             }));
@@ -168,7 +168,7 @@ pub struct Ack {
 impl Apply for Ack {
     type Reply = u64;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
         let t = &mut *cx.tables;
         let device = self.device.as_str();
         let mut h = t.head(device)?.unwrap_or_default();

@@ -101,7 +101,7 @@ pub struct SetTenantPolicy {
 impl Apply for SetTenantPolicy {
     type Reply = u64;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
         let t = &mut *cx.tables;
         let mut row = t.tenant(&self.tenant)?.unwrap_or_default();
         row.policy = Policy {
@@ -138,7 +138,7 @@ pub enum GrantReply {
 impl Apply for Grant {
     type Reply = GrantReply;
 
-    fn apply<T: Tables>(self, cx: &mut Ctx<'_, T>) -> Result<GrantReply, T::Error> {
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<GrantReply, T::Error> {
         let t = &mut *cx.tables;
         let Some(mut row) = t.tenant(&self.tenant)?.filter(|r| r.policy.publishes.is_some()) else {
             return Ok(GrantReply::NoQuota);

@@ -159,7 +159,7 @@ impl<B: Backend> Sm<B> {
     /// Applies one entry holding `cmds`; returns one reply per command.
     pub fn entry(&mut self, cmds: Vec<Command>) -> Vec<Reply> {
         let n = cmds.len();
-        let replies = self.push(Input::Commands { term: self.term, cmds });
+        let replies = self.push(Input::Commands { term: self.term, cmds: std::sync::Arc::new(cmds) });
         assert_eq!(replies.len(), n);
         replies
     }

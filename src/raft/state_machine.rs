@@ -184,10 +184,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             applied.membership = StoredMembership::new(Some(entry.log_id), m);
                             members_input(&applied.membership)
                         }
+                        // The apply reads the commands the log's tail shares: no copy.
                         EntryPayload::Normal(req) => {
-                            // The apply takes the commands: the tail shares them, so this copies.
-                            let cmds = Arc::try_unwrap(req.cmds).unwrap_or_else(|shared| (*shared).clone());
-                            Input::Commands { term: entry.log_id.leader_id.term, cmds }
+                            Input::Commands { term: entry.log_id.leader_id.term, cmds: req.cmds }
                         }
                     };
                     let replies = machine::apply(&mut state, tx, entry.log_id.index, input, local, &mut events)?;

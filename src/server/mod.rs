@@ -200,9 +200,10 @@ async fn serve_stream<H, Fut>(
     let svc = service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(Peer(peer));
         let id = RequestId::for_request(req.headers());
-        req.extensions_mut().insert(id.clone());
-        let (method, path) = (req.method().clone(), logged_path(req.uri().path()));
-        let (quiet, quiet_when_ok) = ((what.quiet)(&path), (what.quiet_when_ok)(&path));
+        // The URI shares the request's bytes; the path is cut for an access line only when one is
+        // written (most are at debug level).
+        let (method, uri) = (req.method().clone(), req.uri().clone());
+        let (quiet, quiet_when_ok) = ((what.quiet)(uri.path()), (what.quiet_when_ok)(uri.path()));
         let span = tracing::info_span!("request", listener = what.name, request_id = %id);
         let fut = handler(req);
         async move {
@@ -211,9 +212,9 @@ async fn serve_stream<H, Fut>(
             resp.headers_mut().insert(&request_id::HEADER, id.header_value());
             let (status, elapsed_ms) = (resp.status().as_u16(), started.elapsed().as_millis() as u64);
             if quiet || (quiet_when_ok && status < 400) {
-                tracing::debug!(%method, %path, status, elapsed_ms, "request");
+                tracing::debug!(%method, path = %logged_path(uri.path()), status, elapsed_ms, "request");
             } else {
-                tracing::info!(%method, %path, status, elapsed_ms, "request");
+                tracing::info!(%method, path = %logged_path(uri.path()), status, elapsed_ms, "request");
             }
             Ok::<_, Infallible>(resp)
         }
@@ -262,12 +263,12 @@ where
 
 /// The path as an access line quotes it: at most [`MAX_LOGGED_PATH`] bytes (hyper has already
 /// refused a request target with bytes outside visible ASCII).
-fn logged_path(path: &str) -> String {
+fn logged_path(path: &str) -> &str {
     let mut end = path.len().min(MAX_LOGGED_PATH);
     while !path.is_char_boundary(end) {
         end -= 1;
     }
-    path[..end].to_string()
+    &path[..end]
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! Every refusal is a JSON `{"error": "<reason>", ...}` body (see `crate::answer`), counted by
 //! reason.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -25,29 +24,35 @@ use crate::protocol::{close, ServerFrame, MAX_ATTEMPT};
 use crate::server::Peer;
 use crate::token::DeviceClaims;
 
-pub(crate) fn query(req: &Request<Incoming>) -> HashMap<String, String> {
-    req.uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
-        .filter(|(k, _)| !k.is_empty())
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// A request's query parameters, read in place (a handshake's query holds a handful): `k=v`
+/// pairs split on `&`, a key without `=` has the empty value, and a repeated key's last value
+/// wins. Values are not percent-decoded.
+#[derive(Clone, Copy)]
+pub(crate) struct Query<'a>(&'a str);
+
+impl<'a> Query<'a> {
+    pub(crate) fn of<B>(req: &'a Request<B>) -> Query<'a> {
+        Query(req.uri().query().unwrap_or(""))
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&'a str> {
+        let pair = |kv: &'a str| kv.split_once('=').unwrap_or((kv, ""));
+        self.0.rsplit('&').map(pair).find(|(k, _)| !k.is_empty() && *k == key).map(|(_, v)| v)
+    }
 }
 
-pub(crate) fn bearer(req: &Request<Incoming>, q: &HashMap<String, String>) -> String {
+/// The device's token: `Authorization: Bearer`, else `?token=`, else empty.
+pub(crate) fn bearer<'a, B>(req: &'a Request<B>, q: &Query<'a>) -> &'a str {
     req.headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string)
-        .or_else(|| q.get("token").cloned())
+        .or_else(|| q.get("token"))
         .unwrap_or_default()
 }
 
 /// Steps 1-3 shared with `/v1/placement`: admission, node state, authentication.
-fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> Result<DeviceClaims, Refusal> {
+fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &Query<'_>) -> Result<DeviceClaims, Refusal> {
     // Per source first: a flooding source must not spend the node's admission.
     if let (Some(sources), Some(Peer(peer))) = (&g.sources, req.extensions().get::<Peer>()) {
         if let Err(secs) = sources.admit(&source_key(peer.ip())) {
@@ -55,9 +60,9 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
         }
     }
     // A device that lost its node says so; the admission duty checks that node itself.
-    if q.contains_key("fallback") {
+    if let Some(fallback) = q.get("fallback") {
         let view = g.cluster.view();
-        fallbacks(&view, q.get("fallback")).into_iter().for_each(|id| g.reported.add(id));
+        fallbacks(&view, Some(fallback)).into_iter().for_each(|id| g.reported.add(id));
     }
     if let Err(wait) = g.admission.admit() {
         return Err(Refusal::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited")
@@ -95,7 +100,7 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &HashMap<String, String>) -> R
     if !g.cluster.view().is_live(g.cluster.me()) {
         return Err(Refusal::unavailable("not_live"));
     }
-    g.verifier.verify(&bearer(req, q)).map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.reason()).message(e))
+    g.verifier.verify(bearer(req, q)).map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.reason()).message(e))
 }
 
 /// What a source is limited by: an IPv4 address, or an IPv6 address's /64 (one host's range).
@@ -115,7 +120,7 @@ const MAX_FALLBACKS: usize = 8;
 
 /// The members `?fallback=a,b` names: nodes the device could not reach, or that were full and
 /// sent it on.
-fn fallbacks(view: &crate::view::ClusterView, fallback: Option<&String>) -> Vec<NodeId> {
+fn fallbacks(view: &crate::view::ClusterView, fallback: Option<&str>) -> Vec<NodeId> {
     let names = fallback.map(|f| f.split(',').take(MAX_FALLBACKS).collect::<Vec<_>>()).unwrap_or_default();
     names.into_iter().filter_map(|f| view.resolve(f)).collect()
 }
@@ -145,7 +150,7 @@ fn target(g: &Gate, device: &str, exclude: &[NodeId], dialled: Option<NodeId>) -
 /// This node is at `--max-connections`: a redirect to where placement sends `device` without
 /// it, its name added to `?fallback=` so that the next node does not send the device back
 /// before this node's renewed count shows it full; None when there is no such node.
-fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -> Option<Resp> {
+fn elsewhere(g: &Gate, device: &str, q: &Query<'_>, query: &str) -> Option<Resp> {
     let view = g.cluster.view();
     let exclude = with_fallback(fallbacks(&view, q.get("fallback")), g.cluster.me());
     let node = target(g, device, &exclude, None)?;
@@ -158,7 +163,7 @@ fn elsewhere(g: &Gate, device: &str, q: &HashMap<String, String>, query: &str) -
 
 /// `GET /v1/placement`: the `/ws` URL this device should use.
 pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
-    let q = query(&req);
+    let q = Query::of(&req);
     let device = match gatekeep(&g, &req, &q) {
         Ok(v) => v.sub,
         Err(r) => return g.refuse(r),
@@ -173,7 +178,7 @@ pub async fn placement(g: Arc<Gate>, req: Request<Incoming>) -> Resp {
 
 /// `GET /ws?attempt=N`: the whole handshake.
 pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
-    let q = query(&req);
+    let q = Query::of(&req);
     let DeviceClaims { sub: device, epoch, tenant, .. } = match gatekeep(&g, &req, &q) {
         Ok(v) => v,
         Err(r) => return g.refuse(r),
@@ -192,7 +197,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         return g.refuse(Refusal::new(StatusCode::BAD_REQUEST, "not_websocket").message(msg));
     }
     let me = g.cluster.me();
-    let steer = q.get("steer").map(String::as_str) != Some("off");
+    let steer = q.get("steer") != Some("off");
     if steer {
         let exclude = fallbacks(&g.cluster.view(), q.get("fallback"));
         let dialled = (!exclude.is_empty()).then_some(me);
@@ -386,6 +391,23 @@ mod tests {
         let next = with_fallback(full.clone(), 1);
         assert_eq!(next.len(), MAX_FALLBACKS);
         assert_eq!((next[0], next[MAX_FALLBACKS - 1]), (full[1], 1), "the oldest goes, this node is kept");
+    }
+
+    #[test]
+    fn query_parameters_are_read_in_place_and_the_last_of_a_repeated_key_wins() {
+        let r = Request::builder().uri("/ws?attempt=3&steer&&=x&attempt=4&token=a=b").body(()).unwrap();
+        let q = Query::of(&r);
+        assert_eq!(q.get("attempt"), Some("4"));
+        assert_eq!(q.get("steer"), Some(""), "a key without `=` has the empty value");
+        assert_eq!(q.get("token"), Some("a=b"), "split at the first `=`");
+        assert_eq!((q.get("fallback"), q.get("")), (None, None), "absent, and empty keys are dropped");
+        let bare = Request::builder().uri("/ws").body(()).unwrap();
+        assert_eq!(Query::of(&bare).get("attempt"), None);
+        let with_header = Request::builder().uri("/ws?token=q").header("authorization", "Bearer h").body(()).unwrap();
+        assert_eq!(bearer(&with_header, &Query::of(&with_header)), "h", "the header wins over ?token=");
+        let r = Request::builder().uri("/ws?token=q").body(()).unwrap();
+        assert_eq!(bearer(&r, &Query::of(&r)), "q");
+        assert_eq!(bearer(&bare, &Query::of(&bare)), "");
     }
 
     fn req(headers: &[(&str, &str)]) -> Request<()> {
