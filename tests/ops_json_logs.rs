@@ -1,7 +1,8 @@
 //! `--log-format json`: every line a node writes to stderr is one JSON object with a level and
 //! fields; every request carries a request id — the caller's when it is plain, a generated one
 //! otherwise — in its log lines and in the `x-request-id` answer; and neither a device token nor
-//! the cluster secret (nor a refused request id) ever reaches the log, even at debug level.
+//! the cluster secret (nor a refused request id) ever reaches the log, even at debug level. In the
+//! default text format an access line reads plain (`path=/ws status=101`) in its request's span.
 
 mod common;
 
@@ -152,4 +153,42 @@ fn json_logs_carry_request_ids_and_never_a_secret() {
         assert!(!text.contains(needle), "the {what} appears in the log");
     }
     assert!(!text.contains("<x>"), "the refused request id appears in the log");
+}
+
+/// The default text format: an access line reads `path=/ws status=101` as an operator greps it
+/// (no quotes), inside a `request{...}` span whose `request_id` is the caller's plain id, or the
+/// generated one the answer's `x-request-id` gave.
+#[test]
+fn text_access_lines_read_plain_with_the_answered_request_id() {
+    let mut c = Cluster::with_args(&[]);
+    c.env.push(("GATEWAY_LOG".into(), "debug,openraft=info,hyper=info,hyper_util=info,h2=info".into()));
+    let (mut c, _) = c.form_nodes(1);
+    let addr = c.nodes[0].cluster_addr();
+    let health = |headers: &[(&str, &str)]| {
+        let r = http::request(addr, "GET", "/healthz", headers, None, http::REQUEST_TIMEOUT).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.header("x-request-id").expect("answered with an id").to_string()
+    };
+    assert_eq!(health(&[("x-request-id", "ops-text-1")]), "ops-text-1");
+    let generated = health(&[]);
+    assert!(generated.len() == 16 && generated.bytes().all(|b| b.is_ascii_hexdigit()), "{generated}");
+    let token = c.token("text-dev", 0);
+    let mut ws = c.dial(0, "/ws?attempt=1", &Dial::token(&token)).open("handshake");
+    assert_eq!(ws.hello()["device"], "text-dev");
+    drop(ws);
+
+    c.sigterm(0);
+    assert!(c.wait_exit(0, Duration::from_secs(30) + SLACK).success());
+    let text = std::fs::read_to_string(&c.nodes[0].stderr_path).unwrap();
+    let access = |id: &str| {
+        let span = format!("request_id={id}}}");
+        text.lines().filter(|l| l.contains(&span) && l.contains(" request method=GET ")).collect::<Vec<_>>()
+    };
+    for id in ["ops-text-1", generated.as_str()] {
+        let lines = access(id);
+        assert!(lines.len() == 1 && lines[0].contains(" path=/healthz status=200 "), "{id}: {lines:#?}");
+    }
+    let upgraded: Vec<&str> = text.lines().filter(|l| l.contains(" path=/ws status=101 ")).collect();
+    assert_eq!(upgraded.len(), 1, "{text}");
+    assert!(!text.contains("path=\""), "no access line quotes its path");
 }
