@@ -81,8 +81,15 @@ impl ProposeError {
     }
 }
 
+/// A queued command and its caller.
 struct Pending {
     cmd: Command,
+    waiter: Waiter,
+}
+
+/// A command's caller: kept apart from the command once its batch hands the commands to Raft
+/// (see [`write_batch`]).
+struct Waiter {
     /// Forwarded from another node: never forward again (no loops between stale leaders).
     local_only: bool,
     reply: oneshot::Sender<Result<Reply, ProposeError>>,
@@ -90,17 +97,9 @@ struct Pending {
     _bytes: Option<OwnedSemaphorePermit>,
 }
 
-/// A batched command's caller, once the batch's commands went their own way (see [`write_batch`]).
-struct Waiter {
-    local_only: bool,
-    reply: oneshot::Sender<Result<Reply, ProposeError>>,
-    _bytes: Option<OwnedSemaphorePermit>,
-}
-
 impl Pending {
     fn split(self) -> (Command, Waiter) {
-        let Pending { cmd, local_only, reply, _bytes } = self;
-        (cmd, Waiter { local_only, reply, _bytes })
+        (self.cmd, self.waiter)
     }
 }
 
@@ -215,7 +214,12 @@ impl Proposer {
         };
         let (reply, rx) = oneshot::channel();
         let queue = if urgent { &self.urgent } else { &self.tx };
-        match tokio::time::timeout_at(deadline, queue.send(Pending { cmd, local_only, reply, _bytes: bytes })).await {
+        match tokio::time::timeout_at(
+            deadline,
+            queue.send(Pending { cmd, waiter: Waiter { local_only, reply, _bytes: bytes } }),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(rx),
             Ok(Err(_)) => Err(ProposeError::Stopped),
             Err(_) => Err(timed_out()),
@@ -328,7 +332,7 @@ async fn batches(
                     p = rx.recv() => match p { Some(p) => p, None => return },
                 },
             };
-            if !p.reply.is_closed() {
+            if !p.waiter.reply.is_closed() {
                 break p;
             }
             abandoned.inc();
@@ -368,7 +372,7 @@ async fn batches(
 /// cost the log what the retries already cost it. (Not writing a timed-out command is one of the
 /// outcomes its caller was told to expect.)
 fn add(batch: &mut Vec<Pending>, bytes: &mut usize, p: Pending, abandoned: &Counter) -> Option<Pending> {
-    if p.reply.is_closed() {
+    if p.waiter.reply.is_closed() {
         abandoned.inc();
         return None;
     }
@@ -405,8 +409,8 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             Ok(Ok(resp)) => {
                 ctx.metrics.proposed_batches.inc();
                 ctx.metrics.proposed_commands.inc_by(batch.len() as u64);
-                for (p, r) in batch.into_iter().zip(resp.data.replies) {
-                    let _ = p.reply.send(Ok(r));
+                for (w, r) in batch.into_iter().zip(resp.data.replies) {
+                    let _ = w.reply.send(Ok(r));
                 }
                 return;
             }
@@ -479,8 +483,8 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
                     Ok(replies) => {
                         ctx.metrics.forwarded_batches.inc();
                         ctx.metrics.forwarded_commands.inc_by(batch.len() as u64);
-                        for (p, r) in batch.into_iter().zip(replies) {
-                            let _ = p.reply.send(r);
+                        for (w, r) in batch.into_iter().zip(replies) {
+                            let _ = w.reply.send(r);
                         }
                         return;
                     }

@@ -8,13 +8,13 @@ use crate::machine::Publish;
 fn pending(cmd: Command) -> Pending {
     let (reply, rx) = oneshot::channel();
     std::mem::forget(rx);
-    Pending { cmd, local_only: false, reply, _bytes: None }
+    Pending { cmd, waiter: Waiter { local_only: false, reply, _bytes: None } }
 }
 
 /// A command whose caller stopped waiting (timed out, or went away).
 fn abandoned(cmd: Command) -> Pending {
     let (reply, _) = oneshot::channel();
-    Pending { cmd, local_only: false, reply, _bytes: None }
+    Pending { cmd, waiter: Waiter { local_only: false, reply, _bytes: None } }
 }
 
 type Sent = (bool, Vec<Command>, OwnedSemaphorePermit);
@@ -195,7 +195,7 @@ fn a_batch_split_keeps_each_command_with_its_caller_in_order() {
         let (cmds, mut batch): (Vec<Command>, Vec<Waiter>) = (0..6)
             .map(|i| {
                 let mut p = if i % 3 == 1 { abandoned(release(i)) } else { pending(release(i)) };
-                p.local_only = i % 3 == 2;
+                p.waiter.local_only = i % 3 == 2;
                 p.split()
             })
             .unzip();
