@@ -66,7 +66,7 @@ fn hex(n: u64) -> [u8; 16] {
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
-            Id::Generated(n) => write!(f, "{n:016x}"),
+            Id::Generated(n) => f.write_str(std::str::from_utf8(&hex(*n)).expect("hex digits are ASCII")),
             Id::Caller(s) => f.write_str(s),
         }
     }
