@@ -8,6 +8,14 @@
 # dist profile is the release one with link-time optimisation (Cargo.toml): about twice the cold
 # build time; GATEWAY_IMAGE_PROFILE=release builds the quick way. The image gets a build context of
 # its own holding only the binary and an empty data dir.
+#
+# GATEWAY_IMAGE_PGO=1 makes the binary a profile-guided one, in three steps: an instrumented build
+# (-Cprofile-generate, in $CARGO_TARGET_DIR/pgo-generate), deploy/pgo-train.sh running it as a
+# three-node cluster on loopback under a training load (about a minute), and the build the image
+# gets (-Cprofile-use of the merged profile, in $CARGO_TARGET_DIR/pgo-use): about twice the
+# profile's build time and a minute. It needs llvm-profdata of the compiler's LLVM (rustup
+# component add llvm-tools) and python3. The merged profile is kept as pgo-use/gateway-<hash>.profdata;
+# every new profile rebuilds all crates with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,9 +35,42 @@ if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep 
   die "the Rust target $TRIPLE is not installed (rustup target add $TRIPLE)"
 fi
 
-say "static binary: cargo build --profile $PROFILE --locked --target $TRIPLE (CARGO_TARGET_DIR=$TARGET_DIR)"
+PGO="${GATEWAY_IMAGE_PGO:-0}"
+[[ "$PGO" == 0 || "$PGO" == 1 ]] || die "GATEWAY_IMAGE_PGO must be 0 or 1, got '$PGO'"
+STATIC="-C target-feature=+crt-static"
+
 t0=$SECONDS
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+if [[ "$PGO" == 1 ]]; then
+  PROFDATA="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata"
+  [[ -x "$PROFDATA" ]] || die "a profile-guided build needs llvm-profdata of this compiler ($PROFDATA): rustup component add llvm-tools"
+  command -v python3 >/dev/null 2>&1 || die "a profile-guided build needs python3 (deploy/pgo-load.py)"
+  GEN_DIR="$TARGET_DIR/pgo-generate" USE_DIR="$TARGET_DIR/pgo-use"
+  mkdir -p "$TARGET_DIR"
+  TRAIN="$(realpath "$TARGET_DIR")/pgo-train"
+  rm -rf "$TRAIN"
+  say "PGO 1/3: instrumented binary: cargo build --profile $PROFILE (CARGO_TARGET_DIR=$GEN_DIR)"
+  RUSTFLAGS="$STATIC -Cprofile-generate=$TRAIN/profile" CARGO_TARGET_DIR="$GEN_DIR" \
+    cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+  say "PGO 2/3: training (deploy/pgo-train.sh, output in $TRAIN)"
+  deploy/pgo-train.sh "$GEN_DIR/$TRIPLE/$PROFILE/gateway" "$TRAIN"
+  raws=()
+  for f in "$TRAIN"/profile/*.profraw; do [[ -f "$f" ]] && raws+=("$f"); done
+  [[ ${#raws[@]} == 3 ]] || die "the training left ${#raws[@]} profile(s), not one per node, in $TRAIN/profile"
+  mkdir -p "$USE_DIR"
+  rm -f "$USE_DIR"/gateway-*.profdata
+  "$PROFDATA" merge -o "$USE_DIR/merged.profdata" "${raws[@]}"
+  # Named by its content: cargo rebuilds what RUSTFLAGS changed for, not what a file changed for,
+  # so a new profile must change the flags for every crate to be built with it.
+  profile="$(realpath "$USE_DIR")/gateway-$(sha256sum "$USE_DIR/merged.profdata" | cut -c1-16).profdata"
+  mv "$USE_DIR/merged.profdata" "$profile"
+  say "PGO 3/3: the image's binary: cargo build --profile $PROFILE with $profile (CARGO_TARGET_DIR=$USE_DIR)"
+  RUSTFLAGS="$STATIC -Cprofile-use=$profile" CARGO_TARGET_DIR="$USE_DIR" \
+    cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+  BIN="$USE_DIR/$TRIPLE/$PROFILE/gateway"
+else
+  say "static binary: cargo build --profile $PROFILE --locked --target $TRIPLE (CARGO_TARGET_DIR=$TARGET_DIR)"
+  RUSTFLAGS="$STATIC" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+fi
 [[ -x "$BIN" ]] || die "the build did not produce $BIN"
 # A dynamically linked binary has a program interpreter (ld-linux); in an empty image it cannot start.
 if command -v readelf >/dev/null 2>&1 && readelf -l "$BIN" | grep -q 'Requesting program interpreter'; then
