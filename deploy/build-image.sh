@@ -44,13 +44,16 @@ if [[ "$PGO" == 1 ]]; then
   PROFDATA="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin/llvm-profdata"
   [[ -x "$PROFDATA" ]] || die "a profile-guided build needs llvm-profdata of this compiler ($PROFDATA): rustup component add llvm-tools"
   command -v python3 >/dev/null 2>&1 || die "a profile-guided build needs python3 (deploy/pgo-load.py)"
+  # Checked before the instrumented build, not after it: the training's device rounds need these.
+  (( $(ulimit -Hn) >= 2600 )) || die "a profile-guided build's training needs an open-files limit of 2600 or more (ulimit -Hn: $(ulimit -Hn))"
   GEN_DIR="$TARGET_DIR/pgo-generate" USE_DIR="$TARGET_DIR/pgo-use"
   mkdir -p "$TARGET_DIR"
   TRAIN="$(realpath "$TARGET_DIR")/pgo-train"
   rm -rf "$TRAIN"
   say "PGO 1/3: instrumented binary: cargo build --profile $PROFILE (CARGO_TARGET_DIR=$GEN_DIR)"
-  RUSTFLAGS="$STATIC -Cprofile-generate=$TRAIN/profile" CARGO_TARGET_DIR="$GEN_DIR" \
-    cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+  # Encoded (flags apart by 0x1f), so that a path with a space stays one flag.
+  CARGO_ENCODED_RUSTFLAGS="-Ctarget-feature=+crt-static"$'\x1f'"-Cprofile-generate=$TRAIN/profile" \
+    CARGO_TARGET_DIR="$GEN_DIR" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
   say "PGO 2/3: training (deploy/pgo-train.sh, output in $TRAIN)"
   deploy/pgo-train.sh "$GEN_DIR/$TRIPLE/$PROFILE/gateway" "$TRAIN"
   raws=()
@@ -64,8 +67,8 @@ if [[ "$PGO" == 1 ]]; then
   profile="$(realpath "$USE_DIR")/gateway-$(sha256sum "$USE_DIR/merged.profdata" | cut -c1-16).profdata"
   mv "$USE_DIR/merged.profdata" "$profile"
   say "PGO 3/3: the image's binary: cargo build --profile $PROFILE with $profile (CARGO_TARGET_DIR=$USE_DIR)"
-  RUSTFLAGS="$STATIC -Cprofile-use=$profile" CARGO_TARGET_DIR="$USE_DIR" \
-    cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
+  CARGO_ENCODED_RUSTFLAGS="-Ctarget-feature=+crt-static"$'\x1f'"-Cprofile-use=$profile" \
+    CARGO_TARGET_DIR="$USE_DIR" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
   BIN="$USE_DIR/$TRIPLE/$PROFILE/gateway"
 else
   say "static binary: cargo build --profile $PROFILE --locked --target $TRIPLE (CARGO_TARGET_DIR=$TARGET_DIR)"

@@ -25,6 +25,10 @@ def main():
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("targets", nargs="+", help="cluster listeners, host:port")
     a = p.parse_args()
+    for target in a.targets:
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit():
+            p.error("a target is host:port, got %r" % target)
     with open(a.secret_file) as f:
         secret = f.read().strip()
     headers = {"Authorization": "Bearer " + secret, "Content-Type": "application/json"}
@@ -37,8 +41,17 @@ def main():
         return http.client.HTTPConnection(host, int(port), timeout=10)
 
     def worker(t):
+        seen = {}
+        try:
+            run(t, seen)
+        finally:
+            with lock:
+                for key, v in seen.items():
+                    counts[key] = counts.get(key, 0) + v
+
+    def run(t, seen):
         conns = [connect(x) for x in a.targets]
-        mine, n, seen = None, 0, {}
+        mine, n = None, 0
         while time.monotonic() < deadline:
             k = (t + n) % len(conns)
             step = n % 4
@@ -62,9 +75,6 @@ def main():
                 conns[k] = connect(a.targets[k])
             seen[key] = seen.get(key, 0) + 1
             n += 1
-        with lock:
-            for key, v in seen.items():
-                counts[key] = counts.get(key, 0) + v
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(a.threads)]
     for x in threads:

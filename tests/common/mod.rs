@@ -552,7 +552,7 @@ pub fn run_cli(args: &[&str]) -> CliOutput {
 }
 
 /// Children must not pick up an operator's GATEWAY_* settings from the environment running the tests.
-fn scrub_env(cmd: &mut Command) {
+pub fn scrub_env(cmd: &mut Command) {
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("GATEWAY_") {
             cmd.env_remove(k);
