@@ -37,7 +37,8 @@ fi
 
 PGO="${GATEWAY_IMAGE_PGO:-0}"
 [[ "$PGO" == 0 || "$PGO" == 1 ]] || die "GATEWAY_IMAGE_PGO must be 0 or 1, got '$PGO'"
-STATIC="-C target-feature=+crt-static"
+# One flag (no space): it goes into RUSTFLAGS and into CARGO_ENCODED_RUSTFLAGS alike.
+STATIC="-Ctarget-feature=+crt-static"
 
 t0=$SECONDS
 if [[ "$PGO" == 1 ]]; then
@@ -52,7 +53,7 @@ if [[ "$PGO" == 1 ]]; then
   rm -rf "$TRAIN"
   say "PGO 1/3: instrumented binary: cargo build --profile $PROFILE (CARGO_TARGET_DIR=$GEN_DIR)"
   # Encoded (flags apart by 0x1f), so that a path with a space stays one flag.
-  CARGO_ENCODED_RUSTFLAGS="-Ctarget-feature=+crt-static"$'\x1f'"-Cprofile-generate=$TRAIN/profile" \
+  CARGO_ENCODED_RUSTFLAGS="$STATIC"$'\x1f'"-Cprofile-generate=$TRAIN/profile" \
     CARGO_TARGET_DIR="$GEN_DIR" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
   say "PGO 2/3: training (deploy/pgo-train.sh, output in $TRAIN)"
   deploy/pgo-train.sh "$GEN_DIR/$TRIPLE/$PROFILE/gateway" "$TRAIN"
@@ -67,7 +68,7 @@ if [[ "$PGO" == 1 ]]; then
   profile="$(realpath "$USE_DIR")/gateway-$(sha256sum "$USE_DIR/merged.profdata" | cut -c1-16).profdata"
   mv "$USE_DIR/merged.profdata" "$profile"
   say "PGO 3/3: the image's binary: cargo build --profile $PROFILE with $profile (CARGO_TARGET_DIR=$USE_DIR)"
-  CARGO_ENCODED_RUSTFLAGS="-Ctarget-feature=+crt-static"$'\x1f'"-Cprofile-use=$profile" \
+  CARGO_ENCODED_RUSTFLAGS="$STATIC"$'\x1f'"-Cprofile-use=$profile" \
     CARGO_TARGET_DIR="$USE_DIR" cargo build --profile "$PROFILE" --locked --target "$TRIPLE"
   BIN="$USE_DIR/$TRIPLE/$PROFILE/gateway"
 else
