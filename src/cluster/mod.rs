@@ -9,7 +9,7 @@ pub mod membership;
 pub mod proposer;
 mod status;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,11 +233,11 @@ impl Handle {
         self.write(SetAdmission { budget }).await
     }
 
-    /// If this node leads, hands leadership to the voter whose log is furthest along and waits,
-    /// at most one leader lease, until another node leads: a stopping leader costs the cluster
-    /// one election round trip instead of its leader lease plus an election timeout. Answers the
-    /// new leader, or why there is none.
-    pub async fn hand_over_leadership(&self) -> Result<NodeId, String> {
+    /// If this node leads, hands leadership to the voter whose log is furthest along, `gone` left
+    /// out (voters known to have stopped), and waits, at most one leader lease, until another node
+    /// leads: a stopping leader costs the cluster one election round trip instead of its leader
+    /// lease plus an election timeout. Answers the new leader, or why there is none.
+    pub async fn hand_over_leadership(&self, gone: &BTreeSet<NodeId>) -> Result<NodeId, String> {
         let within = Duration::from_millis(self.inner.timing.election_timeout_max_ms());
         let me = self.inner.me;
         let raft = &self.inner.raft;
@@ -246,8 +246,8 @@ impl Handle {
             return Err("not the leader".into());
         }
         let matched = |id: &NodeId| m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index);
-        let voters = m.membership_config.membership().voter_ids().filter(|&v| v != me).collect::<Vec<_>>();
-        let to = voters.into_iter().max_by_key(|v| matched(v)).ok_or("no other voter")?;
+        let voters = m.membership_config.membership().voter_ids().filter(|v| *v != me && !gone.contains(v));
+        let to = voters.max_by_key(|v| matched(v)).ok_or("no other voter left")?;
         raft.trigger().transfer_leader(to).await.map_err(|e| e.to_string())?;
         let mut rx = raft.metrics();
         let moved = rx.wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != me));
@@ -256,6 +256,24 @@ impl Handle {
             Ok(Err(_)) => Err("raft stopped".into()),
             Err(_) => Err(format!("no other leader within {within:?}")),
         }
+    }
+
+    /// Leading: how long ago a quorum of voters last acknowledged this leader (openraft's clock
+    /// progress, which every AppendEntries answer feeds, heartbeats included). `None` when not
+    /// leading, or not acknowledged yet in this term.
+    pub fn quorum_acked_ago(&self) -> Option<Duration> {
+        self.inner
+            .raft
+            .metrics()
+            .borrow_watched()
+            .last_quorum_acked
+            .as_ref()
+            .map(|at| openraft::Instant::elapsed(&**at))
+    }
+
+    /// The voters (of both sets, in a joint configuration) with their cluster addresses.
+    pub fn voters(&self) -> Vec<(NodeId, Arc<str>)> {
+        membership::voters(&self.inner.raft)
     }
 
     /// Deletes every route of a node (the end of a drain); how many.
@@ -487,6 +505,12 @@ impl Handle {
 
     /// Stops the Raft instance (its connection tasks with it).
     pub async fn shutdown(&self) {
+        // After the node's stop, which ends the proposer's batches (the callers of a write still in
+        // Raft would each make openraft log an error).
+        let writes_end = Duration::from_secs(1);
+        if tokio::time::timeout(writes_end, self.inner.proposer.stopped()).await.is_err() {
+            tracing::warn!(?writes_end, "the proposer's writes did not end; stopping Raft under them");
+        }
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }

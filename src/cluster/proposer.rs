@@ -113,10 +113,13 @@ pub struct Proposer {
     /// [`QUEUED_BYTES`], for bulk commands.
     bytes: Arc<Semaphore>,
     timeout: Duration,
+    /// The batches being written; closed when the batching loop ends.
+    writing: TaskTracker,
 }
 
 impl Proposer {
-    /// Starts the batching loop on `tasks`; it ends when `cancel` fires.
+    /// Starts the batching loop on `tasks`; it ends when `cancel` fires, and so does every batch
+    /// still being written (its callers are answered `Stopped`).
     pub fn spawn(
         raft: Raft,
         http: HttpClient,
@@ -128,18 +131,34 @@ impl Proposer {
     ) -> Proposer {
         let (tx, rx) = mpsc::channel(16 * MAX_BATCH);
         let (urgent, urgent_rx) = mpsc::channel(MAX_BATCH);
+        let writing = TaskTracker::new();
         let ctx = Ctx {
             raft,
             http: Arc::new(http),
             timeout,
             metrics,
             clock,
-            tasks: tasks.clone(),
+            tasks: writing.clone(),
+            stop: cancel.clone(),
             fill: None,
             forwards: None,
         };
-        tasks.spawn(run(ctx, urgent_rx, rx, cancel).instrument(tracing::info_span!("proposer")));
-        Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout }
+        let proposing = run(ctx, urgent_rx, rx, cancel);
+        let closing = writing.clone();
+        tasks.spawn(
+            async move {
+                proposing.await;
+                closing.close()
+            }
+            .instrument(tracing::info_span!("proposer")),
+        );
+        Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout, writing }
+    }
+
+    /// Resolves once the batching loop and every batch it was writing have ended (after the stop;
+    /// before Raft is shut down: a write still in Raft then makes openraft log an error).
+    pub async fn stopped(&self) {
+        self.writing.wait().await
     }
 
     /// Proposes one command and waits for its reply, at most the configured deadline.
@@ -251,7 +270,10 @@ struct Ctx {
     metrics: Arc<Metrics>,
     /// Cluster time, stamped into time-dependent commands (only the leader's stamps commit).
     clock: Arc<ClusterClock>,
+    /// Where batches are written.
     tasks: TaskTracker,
+    /// The node's stop: a batch still being written ends with it.
+    stop: CancellationToken,
     /// The bulk queue's: what its local writes answered (none for the urgent queue).
     fill: Option<Arc<Fill>>,
     /// The bulk queue's forward lanes ([`MAX_FORWARDS`]); none for the urgent queue.
@@ -289,8 +311,14 @@ impl Fill {
 async fn run(ctx: Ctx, urgent: mpsc::Receiver<Pending>, rx: mpsc::Receiver<Pending>, cancel: CancellationToken) {
     let spawn = |ctx: Ctx| {
         move |batch: Vec<Pending>, permit: OwnedSemaphorePermit| {
-            let ctx2 = ctx.clone();
-            ctx.tasks.spawn(write_batch(ctx2, batch, permit).in_current_span());
+            let (ctx2, stop) = (ctx.clone(), ctx.stop.clone());
+            let write = async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = write_batch(ctx2, batch, permit) => {}
+                }
+            };
+            ctx.tasks.spawn(write.in_current_span());
         }
     };
     let fill = Arc::new(Fill::default());

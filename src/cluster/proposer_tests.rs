@@ -156,7 +156,8 @@ async fn the_queue_holds_at_most_its_bytes_and_a_caller_waits_for_room_within_it
     let (tx, mut rx) = mpsc::channel(16 * MAX_BATCH);
     let (urgent, _urgent_rx) = mpsc::channel(MAX_BATCH);
     let timeout = Duration::from_secs(5);
-    let p = Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout };
+    let p =
+        Proposer { tx, urgent, bytes: Arc::new(Semaphore::new(QUEUED_BYTES)), timeout, writing: TaskTracker::new() };
     let fit = QUEUED_BYTES / big_publish(0).weight();
     assert_eq!(fit, 15, "sixteen batches of 1 MiB hold fifteen publishes of 1 MiB and their devices");
     let deadline = tokio::time::Instant::now() + timeout;

@@ -140,7 +140,7 @@ impl Silence {
 
 /// Whether `addr`'s port refuses a TCP connection within `within`: nothing listens there (the
 /// host answered for it). A timeout, or any other error, is not a refusal.
-async fn port_refuses(addr: &str, within: Duration) -> bool {
+pub(super) async fn port_refuses(addr: &str, within: Duration) -> bool {
     matches!(
         tokio::time::timeout(within, tokio::net::TcpStream::connect(addr)).await,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused

@@ -25,6 +25,8 @@ use crate::tools::bootguard::{self, GuardError, Me, Verdict};
 use crate::ws::registry::Control;
 use crate::ws::{self, Gate, Mode};
 
+use super::quorum;
+
 /// Fencing starts `lease / 5` before the lease could lapse (renewals are timed from when they were
 /// sent, before the leader stamps them, so the margin only covers clock-rate drift and delivery);
 /// connections still open a further `lease / 10` later (before the lease can lapse) are closed with 1013.
@@ -160,11 +162,12 @@ pub async fn stop(gate: &Gate, mode: &watch::Sender<Mode>, drain_with: Option<&D
     }
 }
 
-/// Drain pacing knobs.
+/// Drain pacing knobs, and how the drain checks that a quorum is left for its writes.
 #[derive(Debug, Clone)]
 pub struct DrainConfig {
     pub drain_rate: f64,
     pub drain_timeout: Duration,
+    pub quorum: quorum::Check,
 }
 
 /// Runs the drain to the end; the caller then stops the process.
@@ -172,11 +175,12 @@ pub async fn drain(gate: &Gate, mode: &watch::Sender<Mode>, cfg: &DrainConfig) {
     let (started, me) = (Instant::now(), gate.cluster.me());
     mode.send_replace(Mode::Draining);
     tracing::info!("draining: refusing new handshakes");
-    match gate.cluster.drain(me).await {
-        Ok(_) => tracing::info!("draining: left the ring"),
-        Err(e) => {
+    match cfg.quorum.unless_lost(&gate.cluster, gate.cluster.drain(me)).await {
+        Ok(Ok(_)) => tracing::info!("draining: left the ring"),
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "draining: could not commit Drain; leaving the ring when the lease lapses")
         }
+        Err(why) => tracing::warn!(why, "draining: no quorum left; leaving the ring when the lease lapses"),
     }
     let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
     let sessions = gate.registry.sessions();
@@ -193,15 +197,32 @@ pub async fn drain(gate: &Gate, mode: &watch::Sender<Mode>, cfg: &DrainConfig) {
     }
     let _ = tokio::time::timeout_at(deadline, gate.registry.wait_empty()).await;
     let left = gate.registry.len();
-    match gate.cluster.release_node(me).await {
-        Ok(_) => tracing::info!(total, left, elapsed = ?started.elapsed(), "drained: released this node's routes"),
-        Err(e) => tracing::warn!(error = %e, "drained, but ReleaseNode did not commit; the lease covers it"),
+    match cfg.quorum.unless_lost(&gate.cluster, gate.cluster.release_node(me)).await {
+        Ok(Ok(_)) => tracing::info!(total, left, elapsed = ?started.elapsed(), "drained: released this node's routes"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "drained, but ReleaseNode did not commit; the lease covers it"),
+        Err(why) => {
+            tracing::warn!(why, total, left, "drained, but no quorum left for ReleaseNode; the lease covers it")
+        }
     }
-    // Followers refuse votes while the leader's lease runs: without a handover, a stopping leader
-    // would leave the cluster without one for that lease plus an election timeout.
-    match gate.cluster.hand_over_leadership().await {
+    hand_over(gate, cfg.quorum).await;
+}
+
+/// Followers refuse votes while the leader's lease runs: without a handover, a stopping leader
+/// would leave the cluster without one for that lease plus an election timeout. Voters whose
+/// process is gone are not handed to, and with no quorum left nobody would take over.
+async fn hand_over(gate: &Gate, check: quorum::Check) {
+    let cluster = &gate.cluster;
+    if cluster.leader() != Some(cluster.me()) {
+        return tracing::debug!("drained: not the leader, no leadership to hand over");
+    }
+    let gone = check.reach(cluster).await.gone;
+    let handed = match check.unless_lost(cluster, cluster.hand_over_leadership(&gone)).await {
+        Ok(handed) => handed,
+        Err(why) => Err(format!("no quorum left: {why}")),
+    };
+    match handed {
         Ok(to) => tracing::info!(to, "drained: handed leadership over"),
-        Err(why) => tracing::debug!(why, "drained: no leadership to hand over"),
+        Err(why) => tracing::info!(why, "drained: leadership not handed over"),
     }
 }
 

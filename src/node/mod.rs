@@ -21,6 +21,7 @@ pub mod duties;
 pub mod identity;
 pub mod lifecycle;
 pub mod priority;
+pub mod quorum;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -418,6 +419,7 @@ impl Node {
         let drain_cfg = lifecycle::DrainConfig {
             drain_rate: cfg.device.drain_rate,
             drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
+            quorum: quorum::Check { every: heartbeat, lease: Duration::from_millis(t.election_timeout_max_ms()) },
         };
         lifecycle::stop(&gate, &mode, drain.then_some(&drain_cfg)).await;
         stop.cancel();
