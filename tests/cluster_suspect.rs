@@ -1,8 +1,9 @@
 //! Failure suspicion (issue 9): a member that stops answering the leader leaves the ring on every
 //! node within about two election timeouts — long before its lease lapses; one whose cluster port
 //! refuses connections (killed) within two heartbeats, counted as `refused` — while keeping its
-//! lease and routes; its own renewal brings it back after the hold, and a node paused briefly and
-//! often is never swept and moves the ring a bounded number of times.
+//! lease and routes; its own renewal brings it back after the hold (its restart releases the routes
+//! its killed process left), and a node paused briefly and often is never swept and moves the ring
+//! a bounded number of times.
 
 mod common;
 
@@ -68,12 +69,38 @@ fn a_killed_follower_leaves_the_ring_in_seconds_keeps_its_routes_and_rejoins_aft
     assert_eq!(c.metric(survivors[0], "gateway_suspect_nodes"), Some(1.0));
 
     // Restarted on its data dir, it renews; after the hold it is live and in the ring again.
+    let down_for = killed.elapsed();
     c.start(f);
     let back = Instant::now();
     c.wait_agreement(&[0, 1, 2], TIMING.settle_bound(), &format!("{name} live again"), |v| {
         v.all_live() && v.ring_live.contains(&name)
     });
     println!("suspect: {name} back in every ring {:?} after its restart", back.elapsed());
+    // Restarted within its lease, it renewed that lease: no sweep will ever delete the routes its
+    // killed process left. Its start releases them (before it serves); the floors stay.
+    wait_until(TIMING.failover_bound(), "the restarted node's old routes released", || {
+        match routes_of(&c, survivors[0], &name) {
+            Some(0) => Ok(()),
+            other => Err(other),
+        }
+    });
+    for k in 0..5u64 {
+        let (status, v) = c.route(survivors[1], &format!("s-d{k}"));
+        assert_eq!((status, v["error"].as_str()), (404, Some("no_route")), "s-d{k}: {v}");
+        assert_eq!(v["floor"]["attempt"].as_u64(), Some(1), "s-d{k} keeps its floor: {v}");
+    }
+    // Down for less than its lease, nothing else could have deleted them: its first renewal did.
+    if down_for < Duration::from_millis(TIMING.lease_ms) {
+        let log = std::fs::read_to_string(&c.nodes[f].stderr_path).unwrap_or_default();
+        assert!(
+            log.contains("released the routes this node's previous process left routes=5"),
+            "the restarted node's first renewal released them:\n{}",
+            common::tail(&c.nodes[f].stderr_path, 20)
+        );
+    } else {
+        println!("suspect: {name} was down {down_for:?}, past its lease: a sweep may have released its routes");
+    }
+    println!("suspect: {name}'s old routes released {:?} after its restart", back.elapsed());
 }
 
 #[test]

@@ -83,7 +83,8 @@ fn a_whole_cluster_stops_without_waiting_for_a_quorum_and_starts_again() {
     // Nothing was left writing into a stopped Raft (openraft logs an error for each such caller).
     for n in &c.nodes {
         let log = std::fs::read_to_string(&n.stderr_path).unwrap_or_default();
-        let stray: Vec<&str> = log.lines().filter(|l| l.contains("ERROR") && l.contains("raft stopped")).collect();
+        let stray: Vec<&str> =
+            log.lines().filter(|l| l.contains("ERROR proposer:") && l.contains("raft stopped")).collect();
         assert!(stray.is_empty(), "{}: writes outlived Raft:\n{}", n.name, stray.join("\n"));
     }
 }

@@ -336,6 +336,9 @@ pub async fn claim(api: &Api, device: &str, body: &[u8]) -> Resp {
     if req.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
         return error(StatusCode::BAD_REQUEST, "bad_tenant", "tenants are 1-64 characters of [A-Za-z0-9._-]");
     }
+    if *api.mode.borrow() == crate::ws::Mode::Starting {
+        return answer::Refusal::unavailable("starting").response();
+    }
     let me = api.cluster.me();
     let claim = Claim { device: device.to_string(), node: me, conn: req.conn, epoch: req.epoch, attempt: req.attempt };
     let reply = api.cluster.claim(claim, req.tenant).await;

@@ -21,9 +21,9 @@ use crate::codec::{decode, encode};
 use crate::config::Timing;
 use crate::machine::{
     Ack, BeginScaleIn, Budget, Claim, ClaimReply, ClaimTenant, ClusterEvent, Command, Drain, EndScaleIn, ExtendLeases,
-    Floor, Forget, Grant, GrantReply, Init, Member, NodeId, Op, Publish, PublishQuota, PublishReply, Release,
-    ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity, SetMaxConnections,
-    SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
+    FirstRenew, Floor, Forget, Grant, GrantReply, Init, Member, NodeId, Op, Publish, PublishQuota, PublishReply,
+    Release, ReleaseNode, Renew, Reply, Route, ScaleInOutcome, ScaleInReply, SetAdmission, SetCapacity,
+    SetMaxConnections, SetTenantPolicy, StreamRead, Suspect, Sweep, Swept, TenantRow,
 };
 pub use crate::raft::events::EventReceiver;
 pub use crate::raft::rpc::{RpcError, RpcKind};
@@ -223,6 +223,12 @@ impl Handle {
         typed::<Renew>(self.inner.proposer.propose_within(renew.into(), within).await?)
     }
 
+    /// This process's first lease renewal ([`FirstRenew`]): also deletes the routes a previous
+    /// process of this node left; how many. Waits at most `within`, as [`Handle::renew`] does.
+    pub async fn renew_first(&self, renew: Renew, within: Duration) -> Result<u64, ProposeError> {
+        typed::<FirstRenew>(self.inner.proposer.propose_within(FirstRenew(renew).into(), within).await?)
+    }
+
     /// Takes a node out of the ring (drain); whether it was live.
     pub async fn drain(&self, node: NodeId) -> Result<bool, ProposeError> {
         self.write(Drain { node, at_ms: 0 }).await
@@ -233,10 +239,11 @@ impl Handle {
         self.write(SetAdmission { budget }).await
     }
 
-    /// If this node leads, hands leadership to the voter whose log is furthest along, `gone` left
-    /// out (voters known to have stopped), and waits, at most one leader lease, until another node
-    /// leads: a stopping leader costs the cluster one election round trip instead of its leader
-    /// lease plus an election timeout. Answers the new leader, or why there is none.
+    /// If this node leads, hands leadership to the voter whose log is furthest along among those
+    /// that acknowledged this leader within an election timeout and are not in `gone` (voters
+    /// known to have stopped), and waits, at most one leader lease, until another node leads: a
+    /// stopping leader costs the cluster one election round trip instead of its leader lease plus
+    /// an election timeout. Answers the new leader, or why there is none.
     pub async fn hand_over_leadership(&self, gone: &BTreeSet<NodeId>) -> Result<NodeId, String> {
         let within = Duration::from_millis(self.inner.timing.election_timeout_max_ms());
         let me = self.inner.me;
@@ -246,8 +253,14 @@ impl Handle {
             return Err("not the leader".into());
         }
         let matched = |id: &NodeId| m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map(|l| l.index);
+        // A stopped peer addressed by name times out (or no longer resolves) instead of refusing.
+        let recent = within / 2;
+        let heard = |id: &NodeId| {
+            let acked = m.heartbeat.as_ref().and_then(|h| h.get(id).cloned().flatten());
+            acked.is_some_and(|at| openraft::Instant::elapsed(&*at) < recent)
+        };
         let voters = m.membership_config.membership().voter_ids().filter(|v| *v != me && !gone.contains(v));
-        let to = voters.max_by_key(|v| matched(v)).ok_or("no other voter left")?;
+        let to = voters.filter(heard).max_by_key(matched).ok_or("no other voter acknowledged this leader lately")?;
         raft.trigger().transfer_leader(to).await.map_err(|e| e.to_string())?;
         let mut rx = raft.metrics();
         let moved = rx.wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != me));

@@ -2,7 +2,7 @@
 //! suspicion, drains, and forgetting removed nodes. A lease only grows while the node is not
 //! expired; a sweep re-checks every candidate against the entry's own `at_ms`, so a duplicate or
 //! stale sweep is harmless, and applies only in the term whose `ExtendLeases` applied last; routes
-//! are deleted by sweeps only, floors never.
+//! are deleted by sweeps, drains and a restarted process's first renewal only, floors never.
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +69,28 @@ impl Apply for Renew {
         lease.connections = self.connections;
         lease.extendable = true;
         Ok(())
+    }
+}
+
+/// A process's first lease renewal. When the node's lease carries another incarnation, the routes
+/// naming the node are its previous process's (killed and restarted before its lease lapsed, so
+/// no sweep will delete them): they are deleted first, floors kept. The same process's later
+/// renewals are plain [`Renew`]s, proposed only once one of these committed, so they land after it;
+/// a duplicate of it (a retry whose first try committed too) finds its own incarnation and only
+/// renews. Replies how many routes it deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirstRenew(pub Renew);
+
+impl Apply for FirstRenew {
+    type Reply = u64;
+
+    fn apply<T: Tables>(&self, cx: &mut Ctx<'_, T>) -> Result<u64, T::Error> {
+        let Renew { node, incarnation, .. } = self.0;
+        let previous =
+            cx.state.is_member(node) && cx.state.nodes.get(&node).is_some_and(|l| l.incarnation != incarnation);
+        let deleted = if previous { delete_node_routes(cx.state, cx.tables, node)? } else { 0 };
+        self.0.apply(cx)?;
+        Ok(deleted)
     }
 }
 

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 pub use admission::{Budget, SetAdmission};
 pub use claim::{Claim, ClaimReply, ClaimTenant, Release};
 pub use events::{ClusterEvent, Trigger};
-pub use lease::{Drain, ExtendLeases, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
+pub use lease::{Drain, ExtendLeases, FirstRenew, Forget, Init, ReleaseNode, Renew, Suspect, Sweep, Swept};
 pub use scale::{BeginScaleIn, EndScaleIn, ScaleInLock, ScaleInOutcome, ScaleInReply, SetCapacity, SetMaxConnections};
 pub use stream::{Ack, Delivery, Head, KeyUse, Message, Publish, PublishReply, StreamRead};
 pub use tables::Tables;
@@ -243,8 +243,11 @@ commands! {
     BeginScaleIn => ScaleInReply,
     /// Releases the scale-in lock: whether the caller held it.
     EndScaleIn => bool,
-    /// Records a node's hard connection limit (appended last: older log entries decode unchanged).
+    /// Records a node's hard connection limit (appended: older log entries decode unchanged).
     SetMaxConnections => (),
+    /// A process's first lease renewal: deletes its previous process's routes, then renews. How
+    /// many routes (appended last: older log entries decode unchanged).
+    FirstRenew => u64,
 }
 
 /// The `at_ms` field of a time-dependent command, by reference (shared or mutable, as `$cmd` is).
@@ -252,6 +255,7 @@ macro_rules! at_ms_of {
     ($cmd:expr) => {
         match $cmd {
             Command::Renew(Renew { at_ms, .. })
+            | Command::FirstRenew(FirstRenew(Renew { at_ms, .. }))
             | Command::Sweep(Sweep { at_ms, .. })
             | Command::ExtendLeases(ExtendLeases { at_ms, .. })
             | Command::Drain(Drain { at_ms, .. })
@@ -282,6 +286,7 @@ impl Command {
         matches!(
             self,
             Command::Renew(_)
+                | Command::FirstRenew(_)
                 | Command::ExtendLeases(_)
                 | Command::Sweep(_)
                 | Command::Suspect(_)
@@ -296,6 +301,7 @@ impl Command {
         matches!(
             self,
             Command::Renew(_)
+                | Command::FirstRenew(_)
                 | Command::Sweep(_)
                 | Command::Suspect(_)
                 | Command::Drain(_)

@@ -95,6 +95,35 @@ impl Model {
         ClaimReply::Accepted { version, superseded: old.map(|r| Superseded { node: r.node, conn: r.conn }), head: None }
     }
 
+    fn renew(&mut self, Renew { node, at_ms, lease_ms, connections, draining, incarnation }: Renew) {
+        if MEMBERS.contains(&node) {
+            let fresh = Lease {
+                until: 0,
+                state: LeaseState::Live,
+                connections: 0,
+                incarnation,
+                extendable: true,
+                suspect_until: 0,
+            };
+            let l = self.nodes.entry(node).or_insert(fresh);
+            l.until = l.until.max(at_ms + lease_ms);
+            // Draining sticks until a renewal from another incarnation (a restart); a
+            // suspect rejoins only once its hold has passed.
+            let sticky = l.state == LeaseState::Draining && l.incarnation == incarnation;
+            let held = l.state == LeaseState::Suspect && at_ms < l.suspect_until;
+            l.state = if draining || sticky {
+                LeaseState::Draining
+            } else if held {
+                LeaseState::Suspect
+            } else {
+                LeaseState::Live
+            };
+            l.connections = connections;
+            l.incarnation = incarnation;
+            l.extendable = true;
+        }
+    }
+
     fn apply(&mut self, term: u64, cmd: &Command) -> Reply {
         match cmd.clone() {
             Command::Init(_) => Reply::Init(()),
@@ -112,34 +141,16 @@ impl Model {
                 }
                 Reply::Release(holds)
             }
-            Command::Renew(Renew { node, at_ms, lease_ms, connections, draining, incarnation }) => {
-                if MEMBERS.contains(&node) {
-                    let fresh = Lease {
-                        until: 0,
-                        state: LeaseState::Live,
-                        connections: 0,
-                        incarnation,
-                        extendable: true,
-                        suspect_until: 0,
-                    };
-                    let l = self.nodes.entry(node).or_insert(fresh);
-                    l.until = l.until.max(at_ms + lease_ms);
-                    // Draining sticks until a renewal from another incarnation (a restart); a
-                    // suspect rejoins only once its hold has passed.
-                    let sticky = l.state == LeaseState::Draining && l.incarnation == incarnation;
-                    let held = l.state == LeaseState::Suspect && at_ms < l.suspect_until;
-                    l.state = if draining || sticky {
-                        LeaseState::Draining
-                    } else if held {
-                        LeaseState::Suspect
-                    } else {
-                        LeaseState::Live
-                    };
-                    l.connections = connections;
-                    l.incarnation = incarnation;
-                    l.extendable = true;
-                }
+            Command::Renew(r) => {
+                self.renew(r);
                 Reply::Renew(())
+            }
+            Command::FirstRenew(FirstRenew(r)) => {
+                let previous = MEMBERS.contains(&r.node)
+                    && self.nodes.get(&r.node).is_some_and(|l| l.incarnation != r.incarnation);
+                let deleted = if previous { self.drop_routes_of(r.node) } else { 0 };
+                self.renew(r);
+                Reply::FirstRenew(deleted)
             }
             Command::Sweep(Sweep { at_ms, grace_ms, candidates }) => {
                 let (mut expired, mut routes_deleted) = (Vec::new(), 0);
@@ -230,6 +241,9 @@ fn command() -> impl Strategy<Value = Command> {
                 Renew { node, at_ms, lease_ms, connections, draining, incarnation }.into()
             }
         ),
+        1 => (1..=4u64, 0..400u64, 20..150u64, 0..2u64).prop_map(|(node, at_ms, lease_ms, incarnation)| {
+            FirstRenew(Renew { node, at_ms, lease_ms, connections: 0, draining: false, incarnation }).into()
+        }),
         6 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64)
             .prop_map(|(device, node, conn, epoch, attempt)| claim(&device, node, conn, epoch, attempt)),
         3 => (device.clone(), 1..=4u64, 0..4u64, 0..3u64, 0..6u64, prop::sample::select(vec!["ta", "tb"])).prop_map(

@@ -317,6 +317,7 @@ macro_rules! backend_tests {
             ring_version_changes_exactly_with_the_live_set,
             state_survives_reopen,
             drain_sticks_until_a_new_incarnation_renews,
+            a_restarted_process_first_renewal_releases_its_predecessors_routes_once,
             apply_emits_the_events_nodes_act_on,
             a_sweep_applies_only_in_the_term_that_extended_leases,
             a_dead_node_is_extended_once_however_often_leadership_changes,

@@ -395,6 +395,38 @@ pub fn drain_sticks_until_a_new_incarnation_renews<B: Backend>() {
     assert_eq!(sm.lease(1).unwrap().state, LeaseState::Live);
 }
 
+pub fn a_restarted_process_first_renewal_releases_its_predecessors_routes_once<B: Backend>() {
+    let mut sm = Sm::<B>::new();
+    let renew_as = |incarnation: u64, at_ms: u64| Renew {
+        node: 1,
+        at_ms,
+        lease_ms: 10_000,
+        connections: 0,
+        draining: false,
+        incarnation,
+    };
+    // Process 7 of node 1 claims two devices; node 2 one.
+    assert_eq!(sm.one(FirstRenew(renew_as(7, 10)).into()), Reply::FirstRenew(0), "a new node has nothing to release");
+    sm.one(renew(2, 10, 10_000));
+    for (device, node) in [("a", 1), ("b", 1), ("c", 2)] {
+        assert!(matches!(sm.one(claim(device, node, 1, 0, 1)), Reply::Claim(ClaimReply::Accepted { .. })));
+    }
+    // Killed; process 8 starts within the lease: its first renewal deletes process 7's routes,
+    // not node 2's, and keeps every floor.
+    assert_eq!(sm.one(FirstRenew(renew_as(8, 20)).into()), Reply::FirstRenew(2));
+    assert_eq!(sm.route("a").0, None);
+    assert_eq!(sm.route("b").0, None);
+    assert_eq!(sm.route("c").0.map(|r| r.node), Some(2));
+    assert_eq!(sm.route("a").1.map(|f| f.max_attempt), Some(1), "the floor stays");
+    assert_eq!(sm.lease(1).map(|l| (l.incarnation, l.routes)), Some((8, 0)));
+    // Process 8 claims "a" again; a late duplicate of its first renewal (a retry whose first try
+    // committed too) only renews.
+    assert!(matches!(sm.one(claim("a", 1, 2, 0, 2)), Reply::Claim(ClaimReply::Accepted { .. })));
+    assert_eq!(sm.one(FirstRenew(renew_as(8, 30)).into()), Reply::FirstRenew(0));
+    assert_eq!(sm.route("a").0.map(|r| (r.node, r.conn)), Some((1, 2)), "the new process's route stays");
+    assert_eq!(sm.lease(1).map(|l| l.lease_until_ms), Some(10_030));
+}
+
 mod on_mem {
     crate::machine::testkit::backend_tests!(crate::machine::testkit::MemBackend);
 }

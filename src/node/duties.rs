@@ -68,6 +68,9 @@ impl Renewer {
         // with its lease extended (a 57,000-device leader kill: renewals committed again 0.7 s
         // after the survivors fenced, and one closed 15,444 connections).
         let mut in_flight: JoinSet<(Instant, Result<(), String>)> = JoinSet::new();
+        // Until one commits, each renewal is this process's first ([`crate::machine::FirstRenew`]: it deletes the
+        // routes a previous process of this node left); later ones are proposed after it.
+        let mut first = true;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -76,6 +79,7 @@ impl Renewer {
                     match result {
                         // The lease runs from after the renewal was sent: fencing measures from there.
                         Ok(()) => {
+                            first = false;
                             self.metrics.renewal_seconds.observe(sent_at.elapsed().as_secs_f64());
                             self.renewed.send_if_modified(|at| (sent_at > *at).then(|| *at = sent_at).is_some());
                             if std::mem::take(&mut failing) {
@@ -113,8 +117,18 @@ impl Renewer {
                 incarnation: self.incarnation,
             };
             let (cluster, sent_at) = (self.cluster.clone(), Instant::now());
-            in_flight
-                .spawn(async move { (sent_at, cluster.renew(renew, 2 * period).await.map_err(|e| e.to_string())) });
+            in_flight.spawn(async move {
+                let renewed = if first {
+                    cluster.renew_first(renew, 2 * period).await.map(|routes| {
+                        if routes > 0 {
+                            tracing::info!(routes, "released the routes this node's previous process left");
+                        }
+                    })
+                } else {
+                    cluster.renew(renew, 2 * period).await
+                };
+                (sent_at, renewed.map_err(|e| e.to_string()))
+            });
         }
     }
 

@@ -153,6 +153,40 @@ async fn seed_budget(cluster: Handle, (rate, burst): (f64, u32), cancel: Cancell
     }
 }
 
+/// A node's previous process may have left routes naming this node. Killed and restarted within
+/// its lease (a supervisor's restart, an OOM kill), it renews that lease before any sweep could
+/// lapse it, so nothing else would delete them: each would tell a route lookup that its device is
+/// here and hold a connection of its tenant's quota until that device connected again. This
+/// process's first lease renewal deletes them ([`crate::machine::FirstRenew`]), so a starting node
+/// refuses handshakes and claims (`Mode::Starting`, 503 `starting`) until a renewal of its own has
+/// committed (`renewed` moves): every claim of this process then lands after it in the log. A
+/// standby node starts serving once it has been added and renewed.
+pub async fn serve_once_renewed(
+    mode: Arc<watch::Sender<Mode>>,
+    mut renewed: watch::Receiver<Instant>,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        r = renewed.changed() => if r.is_err() { return },
+    }
+    // A drain begun meanwhile stays a drain.
+    if swap(&mode, Mode::Starting, Mode::Serving) {
+        tracing::info!("first lease renewal committed: serving");
+    }
+}
+
+/// Sets the mode to `to` if it is `from`; whether it did.
+fn swap(mode: &watch::Sender<Mode>, from: Mode, to: Mode) -> bool {
+    mode.send_if_modified(|m| {
+        let was = *m == from;
+        if was {
+            *m = to;
+        }
+        was
+    })
+}
+
 /// How a node winds down: a drain (SIGTERM, `gateway drain`), or, when it was removed from the
 /// cluster, a goodbye to its devices.
 pub async fn stop(gate: &Gate, mode: &watch::Sender<Mode>, drain_with: Option<&DrainConfig>) {
@@ -260,9 +294,13 @@ pub async fn fence_loop(
         let lapsing = member && since > lease - margin;
         let current = *mode.borrow();
         match (current, lapsing, fenced_at) {
+            // Each change is made only from the mode it was read in: a drain may begin meanwhile
+            // (on the device side) and must stay a drain.
             (Mode::Serving, true, _) => {
+                if !swap(&mode, Mode::Serving, Mode::Fenced) {
+                    continue;
+                }
                 tracing::warn!(since_renewal = ?since, "no lease renewal committed: fencing (refusing handshakes)");
-                mode.send_replace(Mode::Fenced);
                 gate.metrics.fence_events.inc();
                 fenced_at = Some(Instant::now());
                 closed = false;
@@ -282,7 +320,9 @@ pub async fn fence_loop(
                 // Back: the apply events have caught up with what happened meanwhile; close
                 // whatever still holds a route that is no longer ours.
                 ws::reconcile(&gate).await;
-                mode.send_replace(Mode::Serving);
+                if !swap(&mode, Mode::Fenced, Mode::Serving) {
+                    continue;
+                }
                 tracing::info!("lease renewal committed again: serving");
                 fenced_at = None;
             }

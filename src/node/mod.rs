@@ -201,7 +201,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     let public = crate::server::bind(cfg.listen).map_err(|source| NodeError::Bind { addr: cfg.listen, source })?;
 
     let (stop, drain_requested, tasks) = (CancellationToken::new(), CancellationToken::new(), TaskTracker::new());
-    let (mode_tx, mode) = watch::channel(Mode::Serving);
+    let (mode_tx, mode) = watch::channel(Mode::Starting);
     let propose_timeout = Duration::from_millis(t.propose_timeout_ms);
     let proposer = {
         let _cluster_side = cluster_rt.handle().enter();
@@ -370,6 +370,8 @@ impl Node {
         spawn("admission", Box::pin(admission));
         let lease = Duration::from_millis(t.lease_ms);
         let mode = Arc::new(mode);
+        let serve = lifecycle::serve_once_renewed(mode.clone(), renewed.1.clone(), stop.clone());
+        spawn_cluster("serve-once-renewed", Box::pin(serve));
         let fence = lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone());
         spawn_cluster("fence", Box::pin(fence));
         match lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {

@@ -6,9 +6,10 @@
 //! Its routes are then swept when its lease lapses, as a killed node's are (V6 by the lease).
 //!
 //! No quorum is left when the voters whose cluster port refuses connections (their process is
-//! gone: [`super::detector::port_refuses`]) leave fewer than a majority, or, on a leader, when no
-//! quorum has acknowledged it for a leader lease (a stopped container's address stops answering
-//! instead of refusing). A paused or partitioned voter counts as there: its writes are waited for.
+//! gone: [`super::detector::port_refuses`]) leave fewer than a majority, or when this node has
+//! been without word for a leader lease: on a leader, no quorum acknowledged it (a stopped
+//! container's address times out instead of refusing, and so does a paused or cut-off voter); on
+//! a follower, no leader's append or heartbeat came. Shorter silences are waited out.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -46,7 +47,12 @@ impl Check {
             .filter(|(id, _)| *id != me)
             .map(|(id, addr)| async move { port_refuses(addr, self.every).await.then_some(*id) });
         let gone: BTreeSet<NodeId> = futures_util::future::join_all(probes).await.into_iter().flatten().collect();
-        Reach { lost: lost(voters.len(), gone.len(), cluster.quorum_acked_ago(), self.lease), gone }
+        let silence = match cluster.quorum_acked_ago() {
+            Some(ago) => Some(Silence::Leading(ago)),
+            None if cluster.leader() != Some(me) => cluster.since_last_append().map(Silence::Following),
+            None => None,
+        };
+        Reach { lost: lost(voters.len(), gone.len(), silence, self.lease), gone }
     }
 
     /// Runs `write` to its end unless this node finds no quorum left first, in two checks in a
@@ -71,18 +77,31 @@ impl Check {
     }
 }
 
-/// Why `voters` with `gone` of them refusing, and a leader's last quorum acknowledgement
-/// `acked_ago` (if leading), leave no quorum; `None` while one may be left.
-fn lost(voters: usize, gone: usize, acked_ago: Option<Duration>, lease: Duration) -> Option<String> {
+/// How long this node has gone without word from the rest of the cluster.
+#[derive(Debug, Clone, Copy)]
+enum Silence {
+    /// Leading: since a quorum last acknowledged it.
+    Leading(Duration),
+    /// Following: since a leader's last append or heartbeat reached it.
+    Following(Duration),
+}
+
+/// Why `voters` with `gone` of them refusing, or this node's `silence` (not on a lone voter, its
+/// own quorum), leave no quorum; `None` while one may be left. Silence for a leader lease is no
+/// quorum: a leader refuses writes then, and a follower's writes wait for an election.
+fn lost(voters: usize, gone: usize, silence: Option<Silence>, lease: Duration) -> Option<String> {
     if voters > 0 && voters - gone.min(voters) < voters / 2 + 1 {
         return Some(format!("{gone} of {voters} voters' cluster ports refuse connections"));
     }
-    match acked_ago {
-        Some(ago) if ago > lease => Some(format!(
-            "no quorum has acknowledged this leader for {} ms (its lease is {} ms)",
-            ago.as_millis(),
-            lease.as_millis()
-        )),
+    let (ms, lease_ms) = (|d: Duration| d.as_millis(), lease.as_millis());
+    match silence {
+        _ if voters <= 1 => None,
+        Some(Silence::Leading(ago)) if ago > lease => {
+            Some(format!("no quorum has acknowledged this leader for {} ms (a leader lease is {lease_ms} ms)", ms(ago)))
+        }
+        Some(Silence::Following(ago)) if ago > lease => {
+            Some(format!("no leader has been heard from for {} ms (a leader lease is {lease_ms} ms)", ms(ago)))
+        }
         _ => None,
     }
 }
@@ -92,6 +111,8 @@ mod tests {
     use super::*;
 
     const LEASE: Duration = Duration::from_millis(2000);
+
+    const PAST: Duration = Duration::from_millis(2001);
 
     #[test]
     fn a_majority_refusing_leaves_no_quorum() {
@@ -105,10 +126,15 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_unacknowledged_for_its_lease_has_no_quorum() {
-        assert_eq!(lost(3, 0, Some(LEASE), LEASE), None, "acknowledged a lease ago: still within it");
-        let why = lost(3, 0, Some(LEASE + Duration::from_millis(1)), LEASE).expect("past its lease");
-        assert!(why.contains("2001 ms") && why.contains("2000 ms"), "{why}");
-        assert_eq!(lost(3, 0, None, LEASE), None, "not leading, or not acknowledged yet this term");
+    fn silence_for_a_leader_lease_leaves_no_quorum() {
+        use Silence::{Following, Leading};
+        assert_eq!(lost(3, 0, Some(Leading(LEASE)), LEASE), None, "acknowledged a lease ago: still within it");
+        let why = lost(3, 0, Some(Leading(PAST)), LEASE).expect("past its lease");
+        assert!(why.contains("acknowledged this leader for 2001 ms") && why.contains("2000 ms"), "{why}");
+        assert_eq!(lost(3, 0, Some(Following(LEASE)), LEASE), None, "heard from a leader a lease ago");
+        let why = lost(3, 0, Some(Following(PAST)), LEASE).expect("no leader for a lease");
+        assert!(why.contains("no leader has been heard from for 2001 ms"), "{why}");
+        assert_eq!(lost(3, 0, None, LEASE), None, "not acknowledged yet this term, or never heard a leader");
+        assert_eq!(lost(1, 0, Some(Leading(LEASE * 10)), LEASE), None, "a lone voter is its own quorum");
     }
 }

@@ -91,6 +91,7 @@ fn gatekeep(g: &Gate, req: &Request<Incoming>, q: &Query<'_>) -> Result<DeviceCl
     }
     let mode = *g.mode.borrow();
     match mode {
+        Mode::Starting => return Err(Refusal::unavailable("starting")),
         Mode::Draining => return Err(Refusal::unavailable("draining")),
         Mode::Fenced => return Err(Refusal::unavailable("no_quorum")),
         Mode::Serving => {}
