@@ -2,7 +2,8 @@
 //! suspicion, drains, and forgetting removed nodes. A lease only grows while the node is not
 //! expired; a sweep re-checks every candidate against the entry's own `at_ms`, so a duplicate or
 //! stale sweep is harmless, and applies only in the term whose `ExtendLeases` applied last; routes
-//! are deleted by sweeps, drains and a restarted process's first renewal only, floors never.
+//! are deleted by sweeps, drains (`ReleaseNode`), `Forget` and a restarted process's first
+//! renewal only, floors never.
 
 use serde::{Deserialize, Serialize};
 
@@ -164,7 +165,7 @@ impl Apply for ExtendLeases {
 
 /// Takes a live `node` out of the ring and of placement on every node at this entry: the leader
 /// has not heard from it (probes) for a while. Its lease and routes stay: only a sweep deletes
-/// them. A renewal of its own stamped at or after `at_ms + hold_ms` makes it live again.
+/// them (or its restarted process's first renewal). A renewal of its own stamped at or after `at_ms + hold_ms` makes it live again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Suspect {
     pub node: NodeId,

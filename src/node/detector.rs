@@ -307,7 +307,7 @@ pub fn suspect_hold_ms(timing: &Timing) -> u64 {
 /// each allowed `suspect_after` to answer); a member with no answer for an election timeout is
 /// suspected: out of the ring and of placement on every node at one log index, long before its
 /// lease could lapse. Its own renewal brings it back (after [`suspect_hold_ms`]); only a sweep
-/// deletes its routes.
+/// (or its restarted process's first renewal) deletes its routes.
 pub async fn suspect_loop(
     cluster: Handle,
     http: HttpClient,

@@ -34,8 +34,9 @@ use crate::token::Verifier;
 /// Whether this node takes devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Started, but the routes its previous process may have left are not released yet
-    /// (`node::lifecycle::release_previous`): new handshakes get 503.
+    /// Started, but this process's first lease renewal, which releases the routes a previous
+    /// process left, has not committed yet (`node::lifecycle::serve_once_renewed`): new
+    /// handshakes get 503.
     Starting,
     Serving,
     /// Draining (SIGTERM / `gateway drain`): new handshakes get 503.

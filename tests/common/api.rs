@@ -249,6 +249,9 @@ impl Cluster {
                 && v.ring_live == names
                 && !v.cluster_id.is_empty()
         });
+        // Live in every view is not yet serving: a node serves once its own first renewal's
+        // answer came back (a renewal that timed out and committed anyway is followed by another).
+        all.iter().for_each(|&i| c.wait_ready(i));
         println!("[harness] formed {count}-node cluster in {:?}", started.elapsed());
         (self, view)
     }

@@ -241,16 +241,24 @@ impl Cluster {
         if matches!(self.nodes[i].start, Start::Bootstrap) {
             // Healthy is not yet serving: a bootstrapped node takes devices once its first lease
             // commits (before that a handshake is 503 not_live, which a loaded machine showed).
-            let addr = self.nodes[i].cluster_addr();
-            wait_until(TIMING.settle_bound(), &format!("{} /readyz on {addr}", self.nodes[i].name), || {
-                match http::request(addr, "GET", "/readyz", &[], None, Duration::from_secs(2)) {
-                    Ok(r) if r.status == 200 => Ok(()),
-                    Ok(r) => Err(format!("status {}: {}", r.status, r.text())),
-                    Err(e) => Err(format!("{e:#}")),
-                }
-            });
+            self.wait_ready(i);
         }
         i
+    }
+
+    /// Waits for node `i`'s `/readyz` to answer 200: a leader known, its lease live, and serving
+    /// (not `starting`: its first lease renewal committed; not draining or fenced).
+    pub fn wait_ready(&self, i: usize) {
+        let addr = self.nodes[i].cluster_addr();
+        wait_until(
+            TIMING.settle_bound(),
+            &format!("{} /readyz on {addr}", self.nodes[i].name),
+            || match http::request(addr, "GET", "/readyz", &[], None, Duration::from_secs(2)) {
+                Ok(r) if r.status == 200 => Ok(()),
+                Ok(r) => Err(format!("status {}: {}", r.status, r.text())),
+                Err(e) => Err(format!("{e:#}")),
+            },
+        );
     }
 
     /// Starts node `i` with its recorded ports, data dir and start mode, and waits for `/healthz`.
