@@ -10,6 +10,7 @@ use rand::RngCore;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::{ClusterWatch, Handle};
 use crate::config::Timing;
@@ -117,18 +118,21 @@ impl Renewer {
                 incarnation: self.incarnation,
             };
             let (cluster, sent_at) = (self.cluster.clone(), Instant::now());
-            in_flight.spawn(async move {
-                let renewed = if first {
-                    cluster.renew_first(renew, 2 * period).await.map(|routes| {
-                        if routes > 0 {
-                            tracing::info!(routes, "released the routes this node's previous process left");
-                        }
-                    })
-                } else {
-                    cluster.renew(renew, 2 * period).await
-                };
-                (sent_at, renewed.map_err(|e| e.to_string()))
-            });
+            in_flight.spawn(
+                async move {
+                    let renewed = if first {
+                        cluster.renew_first(renew, 2 * period).await.map(|routes| {
+                            if routes > 0 {
+                                tracing::info!(routes, "released the routes this node's previous process left");
+                            }
+                        })
+                    } else {
+                        cluster.renew(renew, 2 * period).await
+                    };
+                    (sent_at, renewed.map_err(|e| e.to_string()))
+                }
+                .in_current_span(),
+            );
         }
     }
 
