@@ -77,7 +77,7 @@ fn a_killed_follower_leaves_the_ring_in_seconds_keeps_its_routes_and_rejoins_aft
     });
     println!("suspect: {name} back in every ring {:?} after its restart", back.elapsed());
     // Restarted within its lease, it renewed that lease: no sweep will ever delete the routes its
-    // killed process left. Its start releases them (before it serves); the floors stay.
+    // killed process left. Its first renewal releases them (before it serves); the floors stay.
     wait_until(TIMING.failover_bound(), "the restarted node's old routes released", || {
         match routes_of(&c, survivors[0], &name) {
             Some(0) => Ok(()),

@@ -60,8 +60,7 @@ pub fn summary(raft: &Raft) -> MembershipSummary {
 /// The voters (of both sets, in a joint configuration) with their cluster addresses.
 pub fn voters(raft: &Raft) -> Vec<(NodeId, std::sync::Arc<str>)> {
     let mem = current(raft);
-    let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
-    mem.nodes().filter(|(id, _)| voters.contains(id)).map(|(id, node)| (*id, node.cluster_addr.clone())).collect()
+    mem.voter_ids().filter_map(|id| mem.get_node(&id).map(|node| (id, node.cluster_addr.clone()))).collect()
 }
 
 /// Adds `id` as a learner unless it already is a member. Refuses a name or address clash.

@@ -165,7 +165,8 @@ impl Apply for ExtendLeases {
 
 /// Takes a live `node` out of the ring and of placement on every node at this entry: the leader
 /// has not heard from it (probes) for a while. Its lease and routes stay: only a sweep deletes
-/// them (or its restarted process's first renewal). A renewal of its own stamped at or after `at_ms + hold_ms` makes it live again.
+/// them (or its restarted process's first renewal). A renewal of its own stamped at or after
+/// `at_ms + hold_ms` makes it live again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Suspect {
     pub node: NodeId,

@@ -56,7 +56,8 @@ pub enum LeaseState {
     /// Swept: its lease lapsed and its routes were deleted.
     Expired,
     /// The leader stopped hearing from it: out of the ring and of placement at once, but it keeps
-    /// its lease and routes (only a sweep, or its restarted process's first renewal, deletes those); its own renewal clears it, after a hold.
+    /// its lease and routes (only a sweep, or its restarted process's first renewal, deletes
+    /// those); its own renewal clears it, after a hold.
     Suspect,
 }
 

@@ -69,8 +69,8 @@ impl Renewer {
         // with its lease extended (a 57,000-device leader kill: renewals committed again 0.7 s
         // after the survivors fenced, and one closed 15,444 connections).
         let mut in_flight: JoinSet<(Instant, Result<(), String>)> = JoinSet::new();
-        // Until one commits, each renewal is this process's first ([`crate::machine::FirstRenew`]: it deletes the
-        // routes a previous process of this node left); later ones are proposed after it.
+        // Until one commits, each renewal is this process's first ([`crate::machine::FirstRenew`]:
+        // it deletes the routes a previous process of this node left); later ones follow it.
         let mut first = true;
         loop {
             tokio::select! {

@@ -2,8 +2,9 @@
 //! `ReleaseNode`) and its leader hand-over need one. When the members are stopped together
 //! (`docker compose down`, a host shutdown) or one at a time with the leader last, the last node
 //! standing has none: without this check it waited out the write timeout (`--propose-timeout-ms`)
-//! for each write and a leader lease for the hand-over before it exited, 7–12 s with the defaults.
-//! Its routes are then swept when its lease lapses, as a killed node's are (V6 by the lease).
+//! for each write and a leader lease for the hand-over before it exited, 12–14 s with the
+//! defaults. Its routes then go as a killed node's do (V6 by the lease): swept when its lease
+//! lapses, or released by its restarted process's first renewal.
 //!
 //! No quorum is left when the voters whose cluster port refuses connections (their process is
 //! gone: [`super::detector::port_refuses`]) leave fewer than a majority, or when this node has
@@ -20,7 +21,7 @@ use crate::cluster::Handle;
 use crate::machine::NodeId;
 
 /// What this node can reach of the voters, as probed once.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Reach {
     /// Voters other than this node whose cluster port refused a connection.
     pub gone: BTreeSet<NodeId>,
