@@ -102,6 +102,11 @@ pub struct Metrics {
     pub pongs_received: Counter,
     /// Connections told to go away by a drain.
     pub drained: Counter,
+    /// Releases that did not commit, kept for a retry (`ws::unreleased`), and the retries by
+    /// result: `released`, `no_route` (the route no longer named the connection), `failed` (kept
+    /// again), `refused` (by Raft; dropped), `dropped` (the list was full).
+    pub releases_pending: Gauge,
+    pub release_retries: Family<ResultLabel, Counter>,
     /// Allocator trims after a burst, and the free heap bytes they handed back (node::allocator).
     pub allocator_trims: Counter,
     pub allocator_released_bytes: Counter,
@@ -200,6 +205,8 @@ impl Default for Metrics {
             pongs_received: Counter::default(),
             connections: Gauge::default(),
             drained: Counter::default(),
+            releases_pending: Gauge::default(),
+            release_retries: Family::default(),
             allocator_trims: Counter::default(),
             allocator_released_bytes: Counter::default(),
             event_lags: Counter::default(),
@@ -321,6 +328,16 @@ impl Default for Metrics {
             m.event_lags.clone(),
         );
         registry.register("drained", "Connections sent goaway by a drain", m.drained.clone());
+        registry.register(
+            "releases_pending",
+            "Releases of closed connections' routes that did not commit, kept for a retry",
+            m.releases_pending.clone(),
+        );
+        registry.register(
+            "release_retries",
+            "Retried releases by result (released, no_route, failed, refused, dropped)",
+            m.release_retries.clone(),
+        );
         registry.register(
             "allocator_trims",
             "Times freed heap was handed back to the system after a burst",

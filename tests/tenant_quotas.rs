@@ -12,13 +12,6 @@ use common::ws::{Dial, Outcome};
 use common::{wait_until, Cluster, TIMING};
 use serde_json::{json, Value};
 
-fn tenant_token(c: &Cluster, device: &str, tenant: &str) -> String {
-    let f = c.device_secret_file.display().to_string();
-    let out = c.cli(&["token", "--device", device, "--tenant", tenant, "--device-secret-file", &f]);
-    assert_eq!(out.code, Some(0), "gateway token --tenant: {out:#?}");
-    out.stdout.trim().to_string()
-}
-
 fn show(c: &Cluster, tenant: &str) -> Value {
     let out = c.cli_auth(&["quota", "show", "--cluster", &c.nodes[1].cluster_addr_str(), "--tenant", tenant, "--json"]);
     assert_eq!(out.code, Some(0), "quota show: {out:#?}");
@@ -37,7 +30,7 @@ fn tenant_connection_cap_and_publish_ledger_hold_cluster_wide() {
     // Two acme devices on two nodes fill the cap; an acme device on the third node is refused.
     let dial = |i: usize, device: &str, tenant: &str, attempt: u64| {
         let path = format!("/ws?attempt={attempt}&steer=off");
-        c.dial(i, &path, &Dial::token(&tenant_token(&c, device, tenant)))
+        c.dial(i, &path, &Dial::token(&c.tenant_token(device, tenant)))
     };
     let mut a1 = dial(0, "a1", "acme", 1).open("a1");
     a1.hello();

@@ -274,6 +274,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         sync_pages: SyncBudget::new(d.sync_buffer_bytes, metrics.sync_pages.clone()),
         upstream,
         metrics: metrics.clone(),
+        unreleased: Default::default(),
         tasks: tasks.clone(),
     });
     Ok(Node {
@@ -340,6 +341,8 @@ impl Node {
         spawn_cluster("cluster-listener", Box::pin(cluster_api));
         spawn("public-listener", Box::pin(ws::run(public, public_tls, gate.clone(), conns.clone(), stop.clone())));
         spawn("enforce-routes", Box::pin(ws::enforce_routes(gate.clone(), events, stop.clone())));
+        let every = Duration::from_millis(t.lease_ms / 5);
+        spawn("retry-releases", Box::pin(ws::unreleased::retry(gate.clone(), every, stop.clone())));
         let renewer = duties::Renewer {
             cluster: cluster.clone(),
             view: cluster.watch(),

@@ -315,7 +315,7 @@ pub async fn handshake(g: Arc<Gate>, mut req: Request<Incoming>) -> Resp {
         if ended == Ended::Closed(close::SUPERSEDED) {
             gate.metrics.kicks.inc();
         }
-        // Best effort: a superseded or swept route is no longer ours, and Release is conn-checked.
+        // A superseded or swept route is no longer ours, and Release is conn-checked.
         // Boxed: the release's future is larger than an idle session's.
         if !matches!(ended, Ended::Closed(close::SUPERSEDED) | Ended::Closed(close::ROUTE_LOST)) {
             Box::pin(release(&gate, &device, conn)).await;
@@ -374,9 +374,10 @@ fn release_later(g: &Arc<Gate>, device: &str, conn: u64) {
     g.tasks.spawn(tracing::Instrument::instrument(async move { release(&gate, &device, conn).await }, span));
 }
 
+/// Releases the route `conn` holds; one that does not commit is kept for a retry.
 async fn release(g: &Gate, device: &str, conn: u64) {
     if let Err(e) = g.cluster.release(device, conn).await {
-        tracing::debug!(%device, conn, error = %e, "release did not commit; the lease covers it");
+        super::unreleased::keep(g, device, conn, &e);
     }
 }
 

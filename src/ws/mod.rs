@@ -13,6 +13,7 @@ pub mod reported;
 pub mod session;
 pub mod stream;
 pub mod sync_budget;
+pub mod unreleased;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +71,8 @@ pub struct Gate {
     /// Where devices' `up` frames go (issue 13).
     pub upstream: Arc<crate::upstream::Upstream>,
     pub metrics: Arc<Metrics>,
+    /// Releases that did not commit, kept for a retry ([`unreleased::retry`]).
+    pub unreleased: unreleased::Unreleased,
     /// Sessions and the work they leave behind are tracked here (hyper stops tracking upgraded
     /// connections).
     pub tasks: TaskTracker,

@@ -428,6 +428,14 @@ impl Cluster {
         t
     }
 
+    /// `gateway token --device D --tenant T` (epoch 0) with this cluster's device secret.
+    pub fn tenant_token(&self, device: &str, tenant: &str) -> String {
+        let f = self.device_secret_file.display().to_string();
+        let out = self.cli(&["token", "--device", device, "--tenant", tenant, "--device-secret-file", &f]);
+        assert_eq!(out.code, Some(0), "gateway token --tenant: {out:#?}");
+        out.stdout.trim().to_string()
+    }
+
     /// Dials node `i`'s public listener.
     pub fn dial(&self, i: usize, path_and_query: &str, how: &Dial) -> Outcome {
         dial(self.public_addr(i), path_and_query, how)
