@@ -432,6 +432,24 @@ impl Handle {
         Leadership { rx: self.inner.raft.server_metrics() }
     }
 
+    /// Waits until Raft stops on its own, and says why: a write of its log or its state failed (a
+    /// full disk, a file too large, an I/O error) or its task ended. Never answers while Raft runs,
+    /// nor after [`Handle::shutdown`] stopped it. Watches the server metrics, which change only
+    /// with the vote, the role, the leader or the membership, and whose sender goes with the task.
+    pub async fn fatal(&self) -> String {
+        let mut server = self.inner.raft.server_metrics();
+        while server.changed().await.is_ok() {}
+        let why = match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(openraft::error::Fatal::Stopped) => None,
+            Err(fatal) => Some(fatal.to_string()),
+            Ok(()) => Some("Raft's task ended".to_string()),
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
+    }
+
     /// Hands a Raft RPC (`/raft/*`) to the local Raft instance.
     pub async fn rpc(&self, kind: RpcKind, body: bytes::Bytes) -> Result<Vec<u8>, RpcError> {
         let reply = rpc::serve(&self.inner.raft, kind, body).await;

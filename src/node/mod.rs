@@ -416,11 +416,18 @@ impl Node {
             );
         }
 
-        let drain = tokio::select! {
-            _ = shutdown_signal() => true,
-            _ = self.drain_requested.cancelled() => true,
-            _ = stop.cancelled() => false,
+        let (drain, fatal) = tokio::select! {
+            _ = shutdown_signal() => (true, None),
+            _ = self.drain_requested.cancelled() => (true, None),
+            _ = stop.cancelled() => (false, None),
+            why = cluster.fatal() => (false, Some(why)),
         };
+        if let Some(why) = &fatal {
+            // Nothing commits or applies here any more: the devices go elsewhere now (the process's
+            // exit makes its peers suspect it at once), not when the lease lapses.
+            tracing::error!(error = %why, "Raft stopped: this node can no longer commit or apply; telling its devices to go, then exiting");
+            mode.send_replace(Mode::Draining);
+        }
         let drain_cfg = lifecycle::DrainConfig {
             drain_rate: cfg.device.drain_rate,
             drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
@@ -438,7 +445,10 @@ impl Node {
             tracing::warn!(tasks = tasks.len(), connections = conns.len(), "stopped with tasks still running");
         }
         tracing::info!("stopped");
-        Ok(())
+        match fatal {
+            Some(why) => Err(NodeError::Raft(format!("stopped on a fatal error: {why}"))),
+            None => Ok(()),
+        }
     }
 }
 

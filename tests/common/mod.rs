@@ -148,6 +148,9 @@ pub struct Cluster {
     pub extra_args: Vec<String>,
     /// Environment of every `serve` of this cluster (test hooks such as `GATEWAY_TEST_*`).
     pub env: Vec<(String, String)>,
+    /// The largest file every `serve` of this cluster may write (`RLIMIT_FSIZE`), with `SIGXFSZ`
+    /// ignored: a write past it fails with `EFBIG`, as a write to a full disk fails.
+    pub file_size_limit: Option<u64>,
     /// TLS on every node of this cluster (see [`Cluster::with_tls`]).
     pub tls: Option<ClusterTls>,
 }
@@ -160,6 +163,24 @@ pub struct ClusterTls {
     pub client: tls::Issued,
     /// Trusts the CA and presents `client`.
     pub config: std::sync::Arc<rustls::ClientConfig>,
+}
+
+/// Runs `cmd` with `RLIMIT_FSIZE` at `bytes` and `SIGXFSZ` ignored (an ignored signal stays
+/// ignored across `exec`), so that a write past the limit fails with `EFBIG` instead of killing it.
+fn limit_file_size(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+    // SAFETY: between fork and exec the closure calls only setrlimit and signal, which are
+    // async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
 }
 
 pub fn bin() -> &'static str {
@@ -187,6 +208,7 @@ impl Cluster {
             nodes: Vec::new(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
+            file_size_limit: None,
             tls: None,
         }
     }
@@ -277,6 +299,9 @@ impl Cluster {
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         // Test hook of the node's wall clock: see `step_wall_clock`.
         cmd.env("GATEWAY_TEST_WALL_OFFSET_FILE", node.root.join("wall_offset_ms"));
+        if let Some(bytes) = self.file_size_limit {
+            limit_file_size(&mut cmd, bytes);
+        }
         node.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin())));
         self.wait_healthy(i);
     }
