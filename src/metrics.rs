@@ -102,11 +102,13 @@ pub struct Metrics {
     pub pongs_received: Counter,
     /// Connections told to go away by a drain.
     pub drained: Counter,
-    /// Releases that did not commit, kept for a retry (`ws::unreleased`), and the retries by
-    /// result: `released`, `no_route` (the route no longer named the connection), `failed` (kept
-    /// again), `refused` (by Raft; dropped), `dropped` (the list was full).
+    /// Releases that did not commit, kept for a retry (`ws::unreleased`); the retries by result:
+    /// `released`, `no_route` (the route no longer named the connection), `failed` (kept again
+    /// unless tried `MAX_TRIES` times), `refused` (by Raft; not kept); and the releases dropped
+    /// (the list was full, or tried `MAX_TRIES` times).
     pub releases_pending: Gauge,
     pub release_retries: Family<ResultLabel, Counter>,
+    pub releases_dropped: Counter,
     /// Allocator trims after a burst, and the free heap bytes they handed back (node::allocator).
     pub allocator_trims: Counter,
     pub allocator_released_bytes: Counter,
@@ -207,6 +209,7 @@ impl Default for Metrics {
             drained: Counter::default(),
             releases_pending: Gauge::default(),
             release_retries: Family::default(),
+            releases_dropped: Counter::default(),
             allocator_trims: Counter::default(),
             allocator_released_bytes: Counter::default(),
             event_lags: Counter::default(),
@@ -335,8 +338,13 @@ impl Default for Metrics {
         );
         registry.register(
             "release_retries",
-            "Retried releases by result (released, no_route, failed, refused, dropped)",
+            "Retried releases by result (released, no_route, failed, refused)",
             m.release_retries.clone(),
+        );
+        registry.register(
+            "releases_dropped",
+            "Releases that did not commit and are not retried: the list kept for retries was full, or they failed every try",
+            m.releases_dropped.clone(),
         );
         registry.register(
             "allocator_trims",

@@ -59,9 +59,14 @@ impl AuthError {
     }
 }
 
-/// Device ids: 1-128 bytes of `[A-Za-z0-9._:@-]`.
+/// The longest device id, in bytes.
+pub const MAX_DEVICE_ID: usize = 128;
+
+/// Device ids: 1-[`MAX_DEVICE_ID`] bytes of `[A-Za-z0-9._:@-]`.
 pub fn valid_device_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+    !id.is_empty()
+        && id.len() <= MAX_DEVICE_ID
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
 }
 
 /// Tenant names: 1-64 bytes of `[A-Za-z0-9._-]`.

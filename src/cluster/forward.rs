@@ -109,7 +109,13 @@ pub(super) async fn forward(
     if replies.len() != cmds.len() {
         return Err(failed("reply count mismatch".into()));
     }
-    Ok(replies)
+    // The leader's own stop is a failed forward here, not this node's stop: a caller that gives
+    // up on `Stopped` (its node is ending) should try again once another node leads.
+    let stopping = |r| match r {
+        Err(ProposeError::Stopped) => Err(ProposeError::Forward(format!("{leader} is stopping"))),
+        other => other,
+    };
+    Ok(replies.into_iter().map(stopping).collect())
 }
 
 #[cfg(test)]

@@ -444,6 +444,11 @@ async fn write_batch(ctx: Ctx, batch: Vec<Pending>, permit: OwnedSemaphorePermit
             }
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => f,
             Ok(Err(RaftError::Fatal(_))) => return answer_all(batch, ProposeError::Stopped),
+            // Appended, then truncated by another leader before it committed: it will not commit,
+            // and leadership moved; as retryable as no leader at all.
+            Ok(Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)))) => {
+                return answer_all(batch, ProposeError::NoLeader)
+            }
             Ok(Err(e)) => return answer_all(batch, ProposeError::Rejected(e.to_string())),
             Err(_) => return answer_all(batch, ProposeError::Timeout(ctx.timeout.as_millis() as u64)),
         };

@@ -274,7 +274,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
         sync_pages: SyncBudget::new(d.sync_buffer_bytes, metrics.sync_pages.clone()),
         upstream,
         metrics: metrics.clone(),
-        unreleased: Default::default(),
+        unreleased: ws::unreleased::Unreleased::new(ws::unreleased::max_bytes(max_sessions)),
         tasks: tasks.clone(),
     });
     Ok(Node {
@@ -436,6 +436,8 @@ impl Node {
         lifecycle::stop(&gate, &mode, drain.then_some(&drain_cfg)).await;
         stop.cancel();
         cluster.shutdown().await;
+        // Raft may also have stopped on its own during a drain.
+        let fatal = fatal.or_else(|| cluster.stopped_on());
         tasks.close();
         conns.close();
         if tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(tasks.wait(), conns.wait()) })
