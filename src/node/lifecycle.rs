@@ -196,6 +196,16 @@ pub async fn stop(gate: &Gate, mode: &watch::Sender<Mode>, drain_with: Option<&D
     }
 }
 
+/// Stops a node whose Raft stopped on its own (`why`): nothing commits or applies here any more,
+/// so its devices go elsewhere now (the process's exit makes its peers suspect it at once), not
+/// when its lease lapses. Returns `why`.
+pub async fn stop_failed(gate: &Gate, mode: &watch::Sender<Mode>, why: String) -> String {
+    tracing::error!(error = %why, "Raft stopped: this node can no longer commit or apply; telling its devices to go, then exiting");
+    mode.send_replace(Mode::Draining);
+    say_goodbye(gate, Duration::from_secs(1)).await;
+    why
+}
+
 /// Drain pacing knobs, and how the drain checks that a quorum is left for its writes.
 #[derive(Debug, Clone)]
 pub struct DrainConfig {

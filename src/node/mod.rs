@@ -422,22 +422,22 @@ impl Node {
             _ = stop.cancelled() => (false, None),
             why = cluster.fatal() => (false, Some(why)),
         };
-        if let Some(why) = &fatal {
-            // Nothing commits or applies here any more: the devices go elsewhere now (the process's
-            // exit makes its peers suspect it at once), not when the lease lapses.
-            tracing::error!(error = %why, "Raft stopped: this node can no longer commit or apply; telling its devices to go, then exiting");
-            mode.send_replace(Mode::Draining);
-        }
         let drain_cfg = lifecycle::DrainConfig {
             drain_rate: cfg.device.drain_rate,
             drain_timeout: Duration::from_millis(cfg.device.drain_timeout_ms),
             quorum: quorum::Check { every: heartbeat, lease: Duration::from_millis(t.election_timeout_max_ms()) },
         };
-        lifecycle::stop(&gate, &mode, drain.then_some(&drain_cfg)).await;
+        let fatal = match fatal {
+            Some(why) => Some(lifecycle::stop_failed(&gate, &mode, why).await),
+            // Raft may also stop on its own during a drain, which then has no write to wait for
+            // and no reason to pace its devices out.
+            None => tokio::select! {
+                _ = lifecycle::stop(&gate, &mode, drain.then_some(&drain_cfg)) => None,
+                why = cluster.fatal() => Some(lifecycle::stop_failed(&gate, &mode, why).await),
+            },
+        };
         stop.cancel();
         cluster.shutdown().await;
-        // Raft may also have stopped on its own during a drain.
-        let fatal = fatal.or_else(|| cluster.stopped_on());
         tasks.close();
         conns.close();
         if tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(tasks.wait(), conns.wait()) })
