@@ -440,21 +440,15 @@ impl Handle {
     pub async fn fatal(&self) -> String {
         let mut server = self.inner.raft.server_metrics();
         while server.changed().await.is_ok() {}
-        // The task ended: on an error, stopped by `shutdown`, or (still `Ok`) by a panic.
-        let stopped = matches!(self.inner.raft.metrics().borrow_watched().running_state, Err(Fatal::Stopped));
-        match self.stopped_on() {
-            Some(why) => why,
-            None if stopped => std::future::pending().await,
-            None => "Raft's task ended".to_string(),
-        }
-    }
-
-    /// Why Raft stopped on an error (see [`Handle::fatal`]), once it has; None while it runs and
-    /// after [`Handle::shutdown`] stopped it.
-    pub fn stopped_on(&self) -> Option<String> {
-        match &self.inner.raft.metrics().borrow_watched().running_state {
-            Err(Fatal::Stopped) | Ok(()) => None,
+        // The task ended: on an error, stopped by `shutdown` (no answer), or (still `Ok`) by a panic.
+        let why = match &self.inner.raft.metrics().borrow_watched().running_state {
+            Err(Fatal::Stopped) => None,
             Err(fatal) => Some(fatal.to_string()),
+            Ok(()) => Some("Raft's task ended".to_string()),
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
         }
     }
 
