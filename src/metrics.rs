@@ -10,6 +10,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+pub mod disk;
 pub mod process;
 pub mod tenants;
 
@@ -168,6 +169,15 @@ pub struct Metrics {
     pub tls_handshakes: Family<TlsLabel, Counter>,
     /// Certificate reloads by result (`ok`, `error`: the old certificate stays in use).
     pub tls_reloads: Family<TlsLabel, Counter>,
+}
+
+impl Metrics {
+    /// The metrics of a node whose data directory is `dir`: its filesystem's room as well.
+    pub fn with_data_dir(dir: &std::path::Path) -> Metrics {
+        let mut m = Metrics::default();
+        m.registry.register_collector(Box::new(disk::DataDir(dir.to_path_buf())));
+        m
+    }
 }
 
 impl Default for Metrics {

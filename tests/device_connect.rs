@@ -135,6 +135,15 @@ fn process_metrics_follow_the_process() {
     let waits = c.metric(0, "gateway_process_voluntary_context_switches_total");
     assert!(waits.is_some_and(|n| n > 0.0), "voluntary context switches: {waits:?}");
     assert!(c.metric(0, "gateway_process_max_fds").is_some_and(|m| m >= during), "max fds");
+    // The data directory's filesystem, against df(1): the same size to the byte (a unit mistake
+    // is off by 512x or 4096x); the room left between none and all of it.
+    let dir = c.nodes[0].data_dir.display().to_string();
+    let df = std::process::Command::new("df").args(["-B1", "--output=size", &dir]).output().expect("df");
+    let size: f64 =
+        String::from_utf8_lossy(&df.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("df size");
+    assert_eq!(c.metric(0, "gateway_data_dir_size_bytes"), Some(size), "the data dir's filesystem size, as df says");
+    let room = c.metric(0, "gateway_data_dir_available_bytes");
+    assert!(room.is_some_and(|r| r > 0.0 && r <= size), "room on the data dir: {room:?} of {size}");
     drop(held);
 }
 

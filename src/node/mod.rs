@@ -166,7 +166,7 @@ pub async fn build(cfg: Config) -> Result<Node, NodeError> {
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))??;
     let committed = Arc::new(AtomicU64::new(0));
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_data_dir(&cfg.data_dir));
     let clock = Arc::new(ClusterClock::default());
     let (mut sm, view) = StateMachine::new(state_db.clone(), loaded, Some(ident.id), metrics.clone(), clock.clone())?;
     let events = sm.events();
