@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 pub mod disk;
 pub mod process;
 pub mod tenants;
+pub mod writes;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -23,6 +24,12 @@ pub struct ResultLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
+}
+
+/// A part of the store (`log`, `state`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartLabel {
+    pub part: &'static str,
 }
 
 /// A TLS event on one listener (`public`, `cluster`): a handshake's or a certificate reload's result.
@@ -115,8 +122,13 @@ pub struct Metrics {
     pub allocator_released_bytes: Counter,
     /// Times the device side fell behind the apply events (sessions then caught up from the store).
     pub event_lags: Counter,
-    /// Times this node fenced itself because no lease renewal committed.
+    /// Times this node fenced itself: no lease renewal committed, or its store stalled.
     pub fence_events: Counter,
+    /// The store's writes in progress, timed (read by the fence loop; exported at each scrape).
+    pub store_writes: std::sync::Arc<writes::StoreWrites>,
+    /// Stalls of this node's store: a write without progress for a quarter of a lease (its disk
+    /// stopped answering).
+    pub store_stalls: Counter,
     /// Live device connections on this node.
     pub connections: Gauge,
     /// Nodes this node swept as leader.
@@ -224,6 +236,8 @@ impl Default for Metrics {
             allocator_released_bytes: Counter::default(),
             event_lags: Counter::default(),
             fence_events: Counter::default(),
+            store_writes: Default::default(),
+            store_stalls: Counter::default(),
             snapshots_built: Counter::default(),
             snapshots_installed: Counter::default(),
             snapshots_deferred: Counter::default(),
@@ -366,7 +380,16 @@ impl Default for Metrics {
             "Free heap bytes handed back to the system by allocator trims",
             m.allocator_released_bytes.clone(),
         );
-        registry.register("fence_events", "Self-fencing events (no renewal committed)", m.fence_events.clone());
+        registry.register(
+            "fence_events",
+            "Self-fencing events (no renewal committed, or the store stalled)",
+            m.fence_events.clone(),
+        );
+        registry.register(
+            "store_stalls",
+            "Stalls of the store: a write without progress for a quarter of a lease (the disk stopped answering)",
+            m.store_stalls.clone(),
+        );
         registry.register("connections", "Live device connections", m.connections.clone());
         registry.register("snapshots_built", "Snapshots built from this node's state", m.snapshots_built.clone());
         registry.register("snapshots_installed", "Snapshots installed from a leader", m.snapshots_installed.clone());
@@ -390,6 +413,7 @@ impl Default for Metrics {
         registry.register("ring_version", "Log index of the last live-set change", m.ring_version.clone());
         registry.register_collector(Box::new(process::ProcessCollector));
         registry.register_collector(Box::new(m.tenants.clone()));
+        registry.register_collector(Box::new(writes::Collect(m.store_writes.clone())));
         registry.register("tls_handshakes", "TLS handshakes by listener and result", m.tls_handshakes.clone());
         registry.register("tls_reloads", "Certificate reloads by listener and result", m.tls_reloads.clone());
         registry.register("ups", "Device up frames (intents) by answer: ack or the nack reason", m.ups.clone());

@@ -271,8 +271,13 @@ pub fn drain(api: &Api) -> Resp {
 }
 
 /// The leader's failure detector asks whether this node is there (addressed: `?target=` is checked
-/// by the caller, so a wiped node on the old address does not answer for the old identity).
+/// by the caller, so a wiped node on the old address does not answer for the old identity). A node
+/// whose store stopped answering says so with `503`: the leader then suspects it as it suspects a
+/// silent one, and its devices are placed elsewhere.
 pub fn ping(api: &Api) -> Resp {
+    if api.metrics.store_writes.is_stalled() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "store_stalled", "this node's store stopped answering");
+    }
     json(StatusCode::OK, &serde_json::json!({"ok": true, "node": api.cluster.me()}))
 }
 

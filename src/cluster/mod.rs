@@ -247,6 +247,22 @@ impl Handle {
     /// an election timeout. Answers the new leader, or why there is none.
     pub async fn hand_over_leadership(&self, gone: &BTreeSet<NodeId>) -> Result<NodeId, String> {
         let within = Duration::from_millis(self.inner.timing.election_timeout_max_ms());
+        let (me, raft) = (self.inner.me, &self.inner.raft);
+        self.transfer_leadership(gone).await?;
+        let mut rx = raft.metrics();
+        let moved = rx.wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != me));
+        match tokio::time::timeout(within, moved).await {
+            Ok(Ok(m)) => m.current_leader.ok_or_else(|| "no leader".into()),
+            Ok(Err(_)) => Err("raft stopped".into()),
+            Err(_) => Err(format!("no other leader within {within:?}")),
+        }
+    }
+
+    /// Asks the voter [`Handle::hand_over_leadership`] would pick to take leadership over, and
+    /// returns it without waiting for the election (a leader whose store hangs cannot record the
+    /// new term, so it would not see it).
+    pub async fn transfer_leadership(&self, gone: &BTreeSet<NodeId>) -> Result<NodeId, String> {
+        let within = Duration::from_millis(self.inner.timing.election_timeout_max_ms());
         let me = self.inner.me;
         let raft = &self.inner.raft;
         let m = raft.metrics().borrow_watched().clone();
@@ -263,13 +279,7 @@ impl Handle {
         let voters = m.membership_config.membership().voter_ids().filter(|v| *v != me && !gone.contains(v));
         let to = voters.filter(heard).max_by_key(matched).ok_or("no other voter acknowledged this leader lately")?;
         raft.trigger().transfer_leader(to).await.map_err(|e| e.to_string())?;
-        let mut rx = raft.metrics();
-        let moved = rx.wait_until(|m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != me));
-        match tokio::time::timeout(within, moved).await {
-            Ok(Ok(m)) => m.current_leader.ok_or_else(|| "no leader".into()),
-            Ok(Err(_)) => Err("raft stopped".into()),
-            Err(_) => Err(format!("no other leader within {within:?}")),
-        }
+        Ok(to)
     }
 
     /// Leading: how long ago a quorum of voters last acknowledged this leader (openraft's clock

@@ -108,6 +108,13 @@ impl Renewer {
             if self.view.borrow().member(self.cluster.me()).is_none() || in_flight.len() >= MAX_RENEWALS_IN_FLIGHT {
                 continue;
             }
+            // A node whose store stopped answering is fenced and suspected (it answers the
+            // leader's probes 503); a renewal of its own would make it live again, in the ring,
+            // while it can deliver nothing. Its lease lapses if the stall outlasts it.
+            if self.metrics.store_writes.is_stalled() {
+                next = tokio::time::Instant::now() + period / 8;
+                continue;
+            }
             // A draining node keeps renewing (it is alive) but stays out of the ring.
             let renew = Renew {
                 node: self.cluster.me(),

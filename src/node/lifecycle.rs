@@ -4,7 +4,8 @@
 //! Fencing: when no lease renewal has committed for `lease - margin` (margin = lease/5), refuse
 //! handshakes; close the connections still open `margin/2` later with 1013 (apply events may close them first with
 //! 4001/4002); when a renewal commits again, close every connection whose route was taken over or
-//! swept, and serve again.
+//! swept, and serve again. A store write without progress for `lease / 4` (a disk that stopped
+//! answering) fences the same way, and a leader asks a voter to take leadership over.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::Handle;
 use crate::config::{Config, Start};
@@ -279,19 +281,32 @@ pub async fn say_goodbye(gate: &Gate, bound: Duration) {
     let _ = tokio::time::timeout(bound, gate.registry.wait_empty()).await;
 }
 
-/// Watches renewals and fences this node while they fail (V7).
+/// Watches renewals and fences this node while they fail (V7), and while its store makes no
+/// progress: a disk that stopped answering (an `fdatasync` that hangs) returns no error, yet a
+/// node whose applies hang delivers nothing to its devices, and a leader whose applies hang answers
+/// no write while its heartbeats keep the others from electing. A store write (`metrics::writes`)
+/// that made no progress for a quarter of a lease (`StoreWrites::stalled`) fences the node as a lapsing lease does, and
+/// a leader hands leadership to a voter. Runs on a runtime of its own, which no store write can
+/// hold (`node::ClusterRuntime`): a hung write may hold a thread of Raft's runtime.
 pub async fn fence_loop(
     gate: Arc<Gate>,
     mode: Arc<watch::Sender<Mode>>,
     mut renewed: watch::Receiver<Instant>,
     lease: Duration,
+    tasks: tokio_util::task::TaskTracker,
     cancel: CancellationToken,
 ) {
     let margin = lease / FENCE_MARGIN_DIVISOR;
-    let mut tick = tokio::time::interval((lease / 20).max(Duration::from_millis(10)));
+    let stall_after = lease / crate::metrics::writes::STALL_LEASE_DIVISOR;
+    let every = (lease / 20).max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fenced_at: Option<Instant> = None;
     let mut closed = false;
+    let writes = &gate.metrics.store_writes;
+    let mut stalled = false;
+    let mut last_tick = Instant::now();
+    let mut asked_at: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -300,8 +315,37 @@ pub async fn fence_loop(
         }
         let since = renewed.borrow().elapsed();
         // A node outside the membership (standby) holds no lease to lose.
-        let member = gate.cluster.view().member(gate.cluster.me()).is_some();
-        let lapsing = member && since > lease - margin;
+        let me = gate.cluster.me();
+        let member = gate.cluster.view().member(me).is_some();
+        // A tick this late means the process was paused or starved (SIGSTOP, a VM pause): a write
+        // caught in that pause looks stalled for a moment. Judge again at the next tick.
+        let late = last_tick.elapsed() > every + stall_after / 2;
+        last_tick = Instant::now();
+        match (writes.stalled(lease), stalled) {
+            (Some((part, waited)), false) if !late => {
+                stalled = true;
+                writes.mark_stalled(true);
+                gate.metrics.store_stalls.inc();
+                let part = part.name();
+                tracing::warn!(part, without_progress = ?waited, "the store stopped answering: fencing (refusing handshakes)");
+            }
+            (None, true) => {
+                stalled = false;
+                writes.mark_stalled(false);
+                tracing::info!("the store answers again");
+            }
+            _ => {}
+        }
+        // Again while a quorum still follows it (the hand-over failed, or it was elected again);
+        // once another leads, the voters stop acknowledging it, though its core, unable to
+        // record the new term while the store hangs, goes on seeing itself lead.
+        let followed = gate.cluster.quorum_acked_ago().is_some_and(|ago| ago < stall_after);
+        let due = asked_at.is_none_or(|at| at.elapsed() >= stall_after);
+        if stalled && due && followed && gate.cluster.leader() == Some(me) {
+            asked_at = Some(Instant::now());
+            tasks.spawn(hand_over_stalled(gate.clone(), stall_after).in_current_span());
+        }
+        let lapsing = member && (stalled || since > lease - margin);
         let current = *mode.borrow();
         match (current, lapsing, fenced_at) {
             // Each change is made only from the mode it was read in: a drain may begin meanwhile
@@ -310,20 +354,20 @@ pub async fn fence_loop(
                 if !swap(&mode, Mode::Serving, Mode::Fenced) {
                     continue;
                 }
-                tracing::warn!(since_renewal = ?since, "no lease renewal committed: fencing (refusing handshakes)");
+                if !stalled {
+                    tracing::warn!(since_renewal = ?since, "no lease renewal committed: fencing (refusing handshakes)");
+                }
                 gate.metrics.fence_events.inc();
                 fenced_at = Some(Instant::now());
                 closed = false;
             }
             (Mode::Fenced, true, Some(at)) if !closed && at.elapsed() >= margin / 2 => {
                 let n = gate.registry.len();
+                let reason = if stalled { "the node's store stopped answering" } else { "node lost quorum" };
                 for s in gate.registry.sessions() {
-                    gate.registry.send(
-                        s.conn,
-                        Control::Close { code: close::TRY_AGAIN_LATER, reason: "node lost quorum".into() },
-                    );
+                    gate.registry.send(s.conn, Control::Close { code: close::TRY_AGAIN_LATER, reason: reason.into() });
                 }
-                tracing::warn!(connections = n, "fenced: closed connections with 1013");
+                tracing::warn!(connections = n, reason, "fenced: closed connections with 1013");
                 closed = true;
             }
             (Mode::Fenced, false, _) => {
@@ -338,5 +382,18 @@ pub async fn fence_loop(
             }
             _ => {}
         }
+    }
+}
+
+/// A leader whose store stopped answering asks a voter that acknowledged it lately to take
+/// leadership over (within `bound`: a Raft core held by the hung write takes no request, and its
+/// silence elects another leader anyway). Its own core cannot record the new term while the store
+/// hangs, so it does not wait to see it.
+async fn hand_over_stalled(gate: Arc<Gate>, bound: Duration) {
+    let asked = tokio::time::timeout(bound, gate.cluster.transfer_leadership(&Default::default())).await;
+    match asked {
+        Ok(Ok(to)) => tracing::info!(to, "the store stopped answering: asked a voter to take leadership over"),
+        Ok(Err(why)) => tracing::warn!(why, "the store stopped answering: leadership not handed over"),
+        Err(_) => tracing::warn!(within = ?bound, "the store stopped answering: leadership not handed over in time"),
     }
 }

@@ -375,8 +375,8 @@ impl Node {
         let mode = Arc::new(mode);
         let serve = lifecycle::serve_once_renewed(mode.clone(), renewed.1.clone(), stop.clone());
         spawn_cluster("serve-once-renewed", Box::pin(serve));
-        let fence = lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, stop.clone());
-        spawn_cluster("fence", Box::pin(fence));
+        let fence = lifecycle::fence_loop(gate.clone(), mode.clone(), renewed.1, lease, tasks.clone(), stop.clone());
+        tasks.spawn_on(fence.instrument(tracing::info_span!("task", name = "fence")), self.cluster_rt.fence());
         match lifecycle::start(&cluster, &cfg, fresh, self.http, stop.clone()).await {
             Ok(Some(join)) => spawn("join", join),
             Ok(None) => {}
@@ -454,10 +454,18 @@ impl Node {
     }
 }
 
-/// The cluster side's runtimes (see the module doc): Raft's, on [`CLUSTER_WORKERS`], and the
-/// cluster listener's spill, on [`SPILL_WORKERS`]. Shut down in the background when dropped: a
-/// runtime may not be dropped (blocking) inside the device runtime's tasks.
-struct ClusterRuntime(Option<(tokio::runtime::Runtime, tokio::runtime::Runtime)>);
+/// The cluster side's runtimes (see the module doc): Raft's, on [`CLUSTER_WORKERS`], the
+/// cluster listener's spill, on [`SPILL_WORKERS`], and the fence's, on one worker that touches no
+/// store, so that a store write that hangs (a disk that stopped answering) cannot keep the node
+/// from fencing (`lifecycle::fence_loop`). Shut down in the background when dropped: a runtime may
+/// not be dropped (blocking) inside the device runtime's tasks.
+struct ClusterRuntime(Option<Runtimes>);
+
+struct Runtimes {
+    raft: tokio::runtime::Runtime,
+    spill: tokio::runtime::Runtime,
+    fence: tokio::runtime::Runtime,
+}
 
 /// Worker threads of Raft's runtime (Raft, the proposer, the duties and the cluster listener's
 /// first connections). One: on two, a one-client claim cost each node about twice the thread
@@ -474,28 +482,38 @@ impl ClusterRuntime {
         let runtime = |workers, name| {
             tokio::runtime::Builder::new_multi_thread().worker_threads(workers).thread_name(name).enable_all().build()
         };
-        Ok(ClusterRuntime(Some((runtime(CLUSTER_WORKERS, "cluster")?, runtime(SPILL_WORKERS, "cluster-api")?))))
+        Ok(ClusterRuntime(Some(Runtimes {
+            raft: runtime(CLUSTER_WORKERS, "cluster")?,
+            spill: runtime(SPILL_WORKERS, "cluster-api")?,
+            fence: runtime(1, "fence")?,
+        })))
     }
 
-    fn runtimes(&self) -> &(tokio::runtime::Runtime, tokio::runtime::Runtime) {
+    fn runtimes(&self) -> &Runtimes {
         self.0.as_ref().expect("the cluster runtimes live as long as the node")
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        self.runtimes().0.handle()
+        self.runtimes().raft.handle()
     }
 
     /// Where the cluster listener serves its connections past the first few.
     fn spill(&self) -> crate::server::spill::Spill {
-        crate::server::spill::Spill::new(self.runtimes().1.handle().clone(), crate::server::spill::NEAR)
+        crate::server::spill::Spill::new(self.runtimes().spill.handle().clone(), crate::server::spill::NEAR)
+    }
+
+    /// Where the fence runs.
+    fn fence(&self) -> &tokio::runtime::Handle {
+        self.runtimes().fence.handle()
     }
 }
 
 impl Drop for ClusterRuntime {
     fn drop(&mut self) {
-        if let Some((raft, spill)) = self.0.take() {
+        if let Some(Runtimes { raft, spill, fence }) = self.0.take() {
             raft.shutdown_background();
             spill.shutdown_background();
+            fence.shutdown_background();
         }
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 
 use super::tail::Tail;
 use super::types::{Entry, LogId, TypeConfig, Vote};
+use crate::metrics::writes::Part;
 use crate::metrics::Metrics;
 use crate::store::log::LogDb;
 use crate::store::StoreError;
@@ -27,8 +28,18 @@ const MAX_GROUP_BYTES: usize = 8 << 20;
 
 /// Work for the writer thread, done in the order it was queued.
 enum Op {
-    Append { entries: Vec<(u64, Entry)>, weight: usize, committed: Option<Option<LogId>>, done: IOFlushed<TypeConfig> },
-    Run(Box<dyn FnOnce(&LogDb) + Send>),
+    Append {
+        entries: Vec<(u64, Entry)>,
+        weight: usize,
+        committed: Option<Option<LogId>>,
+        done: IOFlushed<TypeConfig>,
+    },
+    /// `timed`: a write, timed as the store's (`metrics::writes`); a read (a startup replay reads
+    /// the whole log at once) is not.
+    Run {
+        f: Box<dyn FnOnce(&LogDb) + Send>,
+        timed: bool,
+    },
 }
 
 /// The writer thread's queue; the thread ends when the last store clone is dropped.
@@ -47,16 +58,35 @@ impl Writer {
         self.tx.send(op).map_err(|_| io::Error::other("the log writer thread has stopped"))
     }
 
-    /// Runs `f` on the writer thread after every write queued before it.
+    /// Reads with `f` on the writer thread after every write queued before it.
     async fn run<T: Send + 'static>(
         &self,
         what: &'static str,
         f: impl FnOnce(&LogDb) -> Result<T, StoreError> + Send + 'static,
     ) -> io::Result<T> {
+        self.queue(what, false, f).await
+    }
+
+    /// Writes with `f` on the writer thread after every write queued before it.
+    async fn write<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&LogDb) -> Result<T, StoreError> + Send + 'static,
+    ) -> io::Result<T> {
+        self.queue(what, true, f).await
+    }
+
+    async fn queue<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        timed: bool,
+        f: impl FnOnce(&LogDb) -> Result<T, StoreError> + Send + 'static,
+    ) -> io::Result<T> {
         let (tx, rx) = oneshot::channel();
-        self.send(Op::Run(Box::new(move |db| {
+        let f = Box::new(move |db: &LogDb| {
             let _ = tx.send(f(db));
-        })))?;
+        });
+        self.send(Op::Run { f, timed })?;
         match rx.await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(io::Error::other(format!("{what}: {e}"))),
@@ -71,8 +101,10 @@ fn write_loop(db: &LogDb, rx: &mpsc::Receiver<Op>, metrics: &Metrics) {
     let mut next = rx.recv().ok();
     while let Some(op) = next.take() {
         let (entries, weight, committed, done) = match op {
-            Op::Run(f) => {
+            Op::Run { f, timed } => {
+                let running = timed.then(|| metrics.store_writes.begin(Part::Log));
                 f(db);
+                drop(running);
                 next = rx.recv().ok();
                 continue;
             }
@@ -96,7 +128,9 @@ fn write_loop(db: &LogDb, rx: &mpsc::Receiver<Op>, metrics: &Metrics) {
             }
         }
         metrics.log_fsyncs.inc();
+        let running = metrics.store_writes.begin(Part::Log);
         let res = db.append(&rows, committed.as_ref());
+        drop(running);
         for done in dones {
             done.io_completed(res.as_ref().map(|_| ()).map_err(|e| io::Error::other(format!("log append: {e}"))));
         }
@@ -198,7 +232,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         let v = *vote;
-        self.writer.run("vote write", move |db| db.save_vote(&v)).await?;
+        self.writer.write("vote write", move |db| db.save_vote(&v)).await?;
         *self.cached_vote() = Some(Some(v));
         Ok(())
     }
@@ -238,11 +272,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map_or(0, |l| l.index + 1);
         self.tail().truncate(from);
-        self.writer.run("log truncate", move |db| db.truncate(from)).await
+        self.writer.write("log truncate", move |db| db.truncate(from)).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         self.tail().purge(log_id.index);
-        self.writer.run("log purge", move |db| db.purge(log_id.index, &log_id)).await
+        self.writer.write("log purge", move |db| db.purge(log_id.index, &log_id)).await
     }
 }

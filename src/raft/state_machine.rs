@@ -19,6 +19,7 @@ use super::{apply_on, blocking};
 use crate::clock::ClusterClock;
 use crate::codec::{decode, decode_with_bytes, encode, head_for_bytes};
 use crate::machine::{self, Command, Event, Input, State};
+use crate::metrics::writes::Part;
 use crate::metrics::Metrics;
 use crate::store::state::{Loaded, StateDb};
 use crate::store::StoreError;
@@ -171,6 +172,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // by the leader; reading their heads here would be wasted).
         let waited: Vec<bool> = responders.iter().map(Option::is_some).collect();
         let here = in_place(&entries);
+        // Timed from here, waiting for the store included: the fence acts on a store write that
+        // makes no progress (`metrics::writes`).
+        let running = self.metrics.store_writes.begin(Part::State);
         let (responses, state, applied, events) = apply_on(here, "state apply", move || {
             db.apply(|tx| {
                 let mut state = State::clone(&before);
@@ -192,6 +196,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     let replies = machine::apply(&mut state, tx, entry.log_id.index, input, local, &mut events)?;
                     applied.last_applied = Some(entry.log_id);
                     responses.push(Response { replies });
+                    running.progress();
                 }
                 tx.save(&before, &state, &encode(&applied)?)?;
                 Ok((responses, state, applied, events))
@@ -219,8 +224,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             tracing::debug!(missing_bytes = missing, "snapshot deferred: the entries since the last one weigh less");
             // What the snapshot's save would have made durable still is: a crash replays no more
             // of the log than before, and redb reuses the pages the applies since have freed.
-            let db = self.db.clone();
-            if let Err(e) = blocking("state sync", move || db.sync()).await {
+            let (db, running) = (self.db.clone(), self.metrics.store_writes.begin(Part::State));
+            let sync = move || {
+                let _running = running;
+                db.sync()
+            };
+            if let Err(e) = blocking("state sync", sync).await {
                 tracing::warn!(error = %e, "could not make the applied state durable");
             }
             return None;

@@ -10,6 +10,7 @@ pub mod http;
 mod ports;
 pub mod proxy;
 pub mod raw;
+pub mod stall;
 pub mod status;
 pub mod tls;
 pub mod upstream;
@@ -151,6 +152,8 @@ pub struct Cluster {
     /// The largest file every `serve` of this cluster may write (`RLIMIT_FSIZE`), with `SIGXFSZ`
     /// ignored: a write past it fails with `EFBIG`, as a write to a full disk fails.
     pub file_size_limit: Option<u64>,
+    /// The flush-stall shim every `serve` of this cluster preloads (see [`Cluster::stallable_flushes`]).
+    pub flush_stall_shim: Option<PathBuf>,
     /// TLS on every node of this cluster (see [`Cluster::with_tls`]).
     pub tls: Option<ClusterTls>,
 }
@@ -209,6 +212,7 @@ impl Cluster {
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
             file_size_limit: None,
+            flush_stall_shim: None,
             tls: None,
         }
     }
@@ -302,6 +306,9 @@ impl Cluster {
         if let Some(bytes) = self.file_size_limit {
             limit_file_size(&mut cmd, bytes);
         }
+        if let Some(shim) = &self.flush_stall_shim {
+            cmd.env("LD_PRELOAD", shim).env(stall::FLAG_ENV, node.root.join("flushes-stalled"));
+        }
         node.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin())));
         self.wait_healthy(i);
     }
@@ -371,6 +378,24 @@ impl Cluster {
     }
 
     // ---- process control -------------------------------------------------------------------
+
+    /// Makes every node started from now on preload the flush-stall shim ([`stall`]), so that
+    /// [`Cluster::stall_flushes`] can hold its `fdatasync` and `fsync` calls.
+    pub fn stallable_flushes(&mut self) {
+        self.flush_stall_shim = Some(stall::build_shim(self.tmp.path()));
+    }
+
+    /// Holds (`true`) or lets go (`false`) every `fdatasync`/`fsync` node `i` calls: its disk
+    /// stops answering, as a network volume's I/O pause does. Its threads block in the call.
+    pub fn stall_flushes(&self, i: usize, stalled: bool) {
+        assert!(self.flush_stall_shim.is_some(), "call stallable_flushes before starting the nodes");
+        let flag = self.nodes[i].root.join("flushes-stalled");
+        if stalled {
+            fs::write(&flag, b"").unwrap();
+        } else if let Err(e) = fs::remove_file(&flag) {
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{}: {e}", flag.display());
+        }
+    }
 
     /// Steps node `i`'s wall clock to `offset_ms` from the real one (as NTP or an operator would),
     /// effective within ~50 ms; its monotonic clock is untouched.
