@@ -283,11 +283,12 @@ pub async fn say_goodbye(gate: &Gate, bound: Duration) {
 
 /// Watches renewals and fences this node while they fail (V7), and while its store makes no
 /// progress: a disk that stopped answering (an `fdatasync` that hangs) returns no error, yet a
-/// node whose applies hang delivers nothing to its devices, and a leader whose applies hang answers
-/// no write while its heartbeats keep the others from electing. A store write (`metrics::writes`)
-/// that made no progress for a quarter of a lease (`StoreWrites::stalled`) fences the node as a lapsing lease does, and
-/// a leader hands leadership to a voter. Runs on a runtime of its own, which no store write can
-/// hold (`node::ClusterRuntime`): a hung write may hold a thread of Raft's runtime.
+/// node whose applies hang delivers nothing to its devices, and a leader whose applies hang
+/// answers no write while its heartbeats keep the others from electing. A store write
+/// (`metrics::writes`) that made no progress for a quarter of a lease (`StoreWrites::stalled`)
+/// fences the node as a lapsing lease does, and a leader hands leadership to a voter. Runs on a
+/// runtime of its own, which no store write can hold (`node::ClusterRuntime`): a hung write may
+/// hold a thread of Raft's runtime.
 pub async fn fence_loop(
     gate: Arc<Gate>,
     mode: Arc<watch::Sender<Mode>>,
@@ -339,9 +340,11 @@ pub async fn fence_loop(
         // Again while a quorum still follows it (the hand-over failed, or it was elected again);
         // once another leads, the voters stop acknowledging it, though its core, unable to
         // record the new term while the store hangs, goes on seeing itself lead.
+        // A one-node cluster has no one to hand over to.
         let followed = gate.cluster.quorum_acked_ago().is_some_and(|ago| ago < stall_after);
         let due = asked_at.is_none_or(|at| at.elapsed() >= stall_after);
-        if stalled && due && followed && gate.cluster.leader() == Some(me) {
+        let others = gate.cluster.view().members().any(|(id, _)| id != me);
+        if stalled && due && followed && others && gate.cluster.leader() == Some(me) {
             asked_at = Some(Instant::now());
             tasks.spawn(hand_over_stalled(gate.clone(), stall_after).in_current_span());
         }
